@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Orchard's set-up and build in one script. Every step is idempotent: a
+# second run skips what is already done.
+#
+#   ./orchard.sh setup        install the system packages (apt or Homebrew)
+#   ./orchard.sh build        configure and build (Release) into build/
+#   ./orchard.sh test         setup + build + every test (ctest)
+#   ./orchard.sh quickstart   setup + build + the main job
+#
+# Environment: ORCHARD_BUILD_DIR (default build), ORCHARD_TORCH_PREFIX (a
+# libtorch to build against; default: PyTorch's when `python3 -c 'import
+# torch'` works, else the system's), ORCHARD_NO_SETUP=1 (skip installing,
+# for machines without a package registry).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+BUILD_DIR="${ORCHARD_BUILD_DIR:-$ROOT/build}"
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'orchard.sh: %s\n' "$*" >&2; exit 1; }
+
+jobs() {
+  if command -v nproc >/dev/null; then nproc; else sysctl -n hw.ncpu; fi
+}
+
+# PyTorch's libtorch, when a python3 with torch is present (CUDA machines,
+# macOS with pip torch). Prints nothing otherwise.
+python_torch_prefix() {
+  command -v python3 >/dev/null || return 0
+  python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true
+}
+
+# --- setup ---------------------------------------------------------------------
+
+DEBIAN_PACKAGES=(
+  g++ cmake ninja-build pkg-config git
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
+  libgtest-dev libbenchmark-dev
+)
+# Debian's libtorch is CPU-only and uses the system BLAS: the OpenMP build of
+# OpenBLAS is required (with the reference BLAS training is ~20x slower).
+DEBIAN_TORCH_PACKAGES=(libtorch-dev libopenblas0-openmp)
+
+BREW_PACKAGES=(cmake ninja pytorch yaml-cpp nlohmann-json cli11 cpp-httplib pcre2 googletest google-benchmark)
+
+setup_debian() {
+  local wanted=("${DEBIAN_PACKAGES[@]}")
+  if [ -z "${ORCHARD_TORCH_PREFIX:-}$(python_torch_prefix)" ]; then
+    wanted+=("${DEBIAN_TORCH_PACKAGES[@]}")
+  fi
+  local missing=()
+  for p in "${wanted[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "Installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    say "System packages: all installed"
+  fi
+  # Make the OpenMP OpenBLAS the BLAS and LAPACK libtorch loads.
+  local arch; arch="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo "$(uname -m)-linux-gnu")"
+  for lib in libblas.so.3 liblapack.so.3; do
+    local target="/usr/lib/$arch/openblas-openmp/$lib"
+    local name="$lib-$arch"
+    [ -e "$target" ] || continue
+    if [ "$(update-alternatives --query "$name" 2>/dev/null | sed -n 's/^Value: //p')" != "$target" ]; then
+      say "Selecting OpenBLAS (OpenMP) for $lib"
+      $sudo update-alternatives --set "$name" "$target"
+    fi
+  done
+}
+
+setup_macos() {
+  command -v brew >/dev/null || die "Homebrew is needed: see https://brew.sh, then run ./orchard.sh setup again."
+  if [ "$(sysctl -n sysctl.proc_translated 2>/dev/null || echo 0)" = "1" ]; then
+    echo "Warning: this shell runs under Rosetta 2 (x86_64). Use the arm64 Homebrew in /opt/homebrew and an arm64 shell (arch -arm64 zsh); otherwise MPS is unavailable." >&2
+  fi
+  local missing=()
+  for p in "${BREW_PACKAGES[@]}"; do
+    brew list --versions "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "Installing ${missing[*]}"
+    brew install "${missing[@]}"
+  else
+    say "Homebrew packages: all installed"
+  fi
+}
+
+cmd_setup() {
+  if [ "${ORCHARD_NO_SETUP:-}" = "1" ]; then
+    say "Setup skipped (ORCHARD_NO_SETUP=1)"
+    return
+  fi
+  case "$(uname -s)" in
+    Linux)
+      command -v apt-get >/dev/null || die "only Debian/Ubuntu (apt) are supported for automatic set-up; install the packages in ARCHITECTURE.md's table by hand and run ./orchard.sh build."
+      setup_debian ;;
+    Darwin) setup_macos ;;
+    *) die "unsupported system $(uname -s)" ;;
+  esac
+}
+
+# --- build ---------------------------------------------------------------------
+
+cmd_build() {
+  local prefix="${ORCHARD_TORCH_PREFIX:-$(python_torch_prefix)}"
+  if [ "$(uname -s)" = "Darwin" ] && [ -z "$prefix" ] && command -v brew >/dev/null; then
+    prefix="$(brew --prefix pytorch 2>/dev/null || true)"
+  fi
+  local generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+    say "Configuring ($BUILD_DIR${prefix:+, libtorch from $prefix})"
+    cmake -S "$ROOT" -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"}
+  fi
+  say "Building"
+  cmake --build "$BUILD_DIR" -j "$(jobs)"
+}
+
+cmd_test() {
+  cmd_setup
+  cmd_build
+  say "Testing"
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(jobs)")
+}
+
+cmd_quickstart() {
+  cmd_setup
+  cmd_build
+  say "Checking this machine (orchard doctor)"
+  "$BUILD_DIR/orchard" doctor
+}
+
+case "${1:-}" in
+  setup) cmd_setup ;;
+  build) cmd_build ;;
+  test) cmd_test ;;
+  quickstart) cmd_quickstart ;;
+  *)
+    [ -z "${1:-}" ] || echo "unknown command: $1" >&2
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    exit 2 ;;
+esac

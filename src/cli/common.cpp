@@ -1,0 +1,96 @@
+#include "cli/common.h"
+
+#include "core/error.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace orchard::cli {
+
+void add_device_flags(CLI::App* app, DeviceFlags& flags, bool allow_assume) {
+  app->add_option(
+         "--device",
+         flags.device,
+         "auto|cuda|cuda:N|mps|cpu; auto picks CUDA, then MPS, then the CPU")
+      ->capture_default_str();
+  if (!allow_assume)
+    return;
+  app->add_option(
+      "--assume-device",
+      flags.assume_device,
+      "plan for a machine Orchard is not on: cuda|mps|cpu (with --memory-gb)");
+  app->add_option(
+      "--memory-gb",
+      flags.memory_gb,
+      "memory of that machine in GB (unified memory on mps, GPU memory on "
+      "cuda); alone, overrides the detected RAM like MEMORY_SIZE");
+}
+
+MachineFacts machine_for(const DeviceFlags& flags) {
+  if (!flags.assume_device.empty()) {
+    if (flags.memory_gb <= 0)
+      throw UserError(
+          "--assume-device " + flags.assume_device +
+          " needs --memory-gb, the memory of that machine (e.g. "
+          "--assume-device mps --memory-gb 64).");
+    return simulated_machine(flags.assume_device, flags.memory_gb);
+  }
+  MachineFacts m = probe_machine();
+  if (flags.memory_gb > 0) {
+    m.ram_total_bytes = m.ram_available_bytes =
+        static_cast<uint64_t>(flags.memory_gb * double(kGiB));
+    m.ram_source = "--memory-gb";
+  }
+  return m;
+}
+
+DeviceInfo select_device(
+    const DeviceFlags& flags,
+    const MachineFacts& machine,
+    const EnvLookup& env) {
+  DeviceInfo d = resolve_device(flags.device, machine);
+  std::printf("%s\n", using_device_line(d).c_str());
+  for (const auto& note : platform_notes(machine))
+    std::printf("%s\n", note.c_str());
+  if (auto ws = env("WORLD_SIZE")) {
+    char* end = nullptr;
+    long n = std::strtol(ws->c_str(), &end, 10);
+    if (ws->empty() || *end != '\0' || n < 1)
+      throw UserError(
+          "WORLD_SIZE='" + *ws +
+          "' is not a process count; set it to 1 or more, or unset it.");
+    check_distributed_supported(d, static_cast<int>(n));
+  }
+  return d;
+}
+
+void add_config_flags(
+    CLI::App* app,
+    ConfigFlags& flags,
+    const config::Schema& schema,
+    void* defaults) {
+  std::string names;
+  for (const auto& n : config::preset_names())
+    names += (names.empty() ? "" : "|") + n;
+  app->add_option("--preset", flags.preset, "start from a preset: " + names);
+  app->add_option(
+      "--config", flags.config_file, "YAML file of settings (over the preset)");
+  app->add_option(
+      "overrides",
+      flags.overrides,
+      "key=value settings, applied last (depth=8 arch.n_embd=512 "
+      "data_paths=[a,b])");
+  app->footer(
+      "\n" + config::help_table(schema, defaults) +
+      "\nLater sources win: preset, --config, environment, key=value.");
+}
+
+config::Sources sources_of(const ConfigFlags& flags) {
+  config::Sources s;
+  s.preset = flags.preset;
+  s.config_file = flags.config_file;
+  s.overrides = flags.overrides;
+  return s;
+}
+
+} // namespace orchard::cli

@@ -1,0 +1,63 @@
+// What the subcommands share: the device flags, the config flags, and the
+// one place that turns them into a device and a resolved config.
+#pragma once
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/machine.h"
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace orchard::cli {
+
+struct DeviceFlags {
+  std::string device = "auto";
+  std::string assume_device; // plan for another machine: cuda|mps|cpu
+  double memory_gb = 0;      // with assume_device, or alone to override RAM
+};
+
+// --device on every command that computes; --assume-device / --memory-gb
+// where a command can plan for a machine it is not on.
+void add_device_flags(CLI::App* app, DeviceFlags& flags, bool allow_assume);
+
+// The machine to plan for: simulated when --assume-device is given,
+// otherwise detected (with --memory-gb overriding the detected memory).
+MachineFacts machine_for(const DeviceFlags& flags);
+
+// Resolves --device, prints `Using device: ...` and the platform notes, and
+// refuses multi-process runs on MPS (WORLD_SIZE > 1).
+DeviceInfo select_device(
+    const DeviceFlags& flags,
+    const MachineFacts& machine,
+    const EnvLookup& env = process_env());
+
+struct ConfigFlags {
+  std::string preset;
+  std::string config_file;
+  std::vector<std::string> overrides;
+};
+
+// --preset, --config and trailing key=value overrides; the schema's option
+// table becomes the command's --help footer.
+void add_config_flags(
+    CLI::App* app,
+    ConfigFlags& flags,
+    const config::Schema& schema,
+    void* defaults);
+
+config::Sources sources_of(const ConfigFlags& flags);
+
+// A subcommand: its CLI11 app and what to run once it was parsed.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command register_doctor(CLI::App& root);
+Command register_config(CLI::App& root);
+
+} // namespace orchard::cli

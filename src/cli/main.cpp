@@ -1,0 +1,45 @@
+// orchard: one binary for the whole path, tokenizer to chat. This file only
+// dispatches to the subcommands; each lives in its own cmd_*.cpp.
+#include "cli/common.h"
+#include "core/error.h"
+#include "core/machine.h"
+#include "core/version.h"
+
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+int main(int argc, char** argv) {
+  using namespace orchard;
+  CLI::App app{
+      "Orchard trains and fine-tunes language models on the machine you have "
+      "(CUDA, Apple Silicon, or CPU)."};
+  app.set_version_flag("--version", orchard_version());
+  app.require_subcommand(1);
+  std::vector<cli::Command> commands = {
+      cli::register_doctor(app),
+      cli::register_config(app),
+  };
+  try {
+    configure_cpu_threads();
+    app.parse(argc, argv);
+    for (auto& c : commands)
+      if (c.app->parsed())
+        return c.run();
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  } catch (const UserError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(
+        stderr,
+        "internal error: %s\nThis is a bug in Orchard; please report it with "
+        "the command you ran.\n",
+        e.what());
+    return kExitFailure;
+  }
+  return kExitUsage;
+}

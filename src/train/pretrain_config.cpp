@@ -1,0 +1,164 @@
+#include "train/pretrain_config.h"
+
+namespace orchard {
+
+const config::Schema& pretrain_schema() {
+  using config::field;
+  using C = PretrainConfig;
+  using A = ArchConfig;
+  static const config::Schema schema = [] {
+    config::Schema s("pretraining");
+    s.add(
+        {.key = "depth",
+         .access = field(&C::depth),
+         .help = "number of transformer layers; sets width and heads too "
+                 "(4 quick, 6 default, 20 GPT-2 class)",
+         .env = "DEPTH",
+         .min = 1,
+         .max = 256});
+    s.add(
+        {.key = "arch.n_layer",
+         .access = field(&C::arch, &A::n_layer),
+         .help = "layers (auto: depth)",
+         .aliases = {"arch.num_hidden_layers"},
+         .min = 1});
+    s.add(
+        {.key = "arch.n_embd",
+         .access = field(&C::arch, &A::n_embd),
+         .help = "model width (auto: 64 x depth)",
+         .aliases = {"arch.hidden_size"},
+         .min = 1});
+    s.add(
+        {.key = "arch.n_head",
+         .access = field(&C::arch, &A::n_head),
+         .help = "attention heads (auto: width / 128)",
+         .aliases = {"arch.num_attention_heads"},
+         .min = 1});
+    s.add(
+        {.key = "arch.n_kv_head",
+         .access = field(&C::arch, &A::n_kv_head),
+         .help = "key/value heads for grouped-query attention (auto: n_head)",
+         .aliases = {"arch.num_key_value_heads"},
+         .min = 1});
+    s.add(
+        {.key = "arch.vocab_size",
+         .access = field(&C::arch, &A::vocab_size),
+         .help = "vocabulary size (auto: the tokenizer's)",
+         .min = 2});
+    s.add(
+        {.key = "data_paths",
+         .access = field(&C::data_paths),
+         .help =
+             "text files or folders to train on ([] : the default corpus)"});
+    s.add(
+        {.key = "data_dir",
+         .access = field(&C::data_dir),
+         .help =
+             "cache for tokenizers and token shards (\"\": ~/.cache/orchard)",
+         .env = "ORCHARD_HOME"});
+    s.add(
+        {.key = "max_seq_len",
+         .access = field(&C::max_seq_len),
+         .help = "tokens per sequence (512; 2048 for GPT-2 class)",
+         .min = 1});
+    s.add(
+        {.key = "device_batch_size",
+         .access = field(&C::device_batch_size),
+         .help = "sequences per micro-step (auto: the largest that fits)",
+         .env = "DEVICE_BATCH_SIZE",
+         .min = 1});
+    s.add(
+        {.key = "total_batch_size",
+         .access = field(&C::total_batch_size),
+         .help = "tokens per optimizer step; gradient accumulation makes up "
+                 "the difference (16384)",
+         .env = "TOTAL_BATCH_SIZE",
+         .min = 1});
+    s.add(
+        {.key = "num_iterations",
+         .access = field(&C::num_iterations),
+         .help = "optimizer steps (auto: one pass over the data)",
+         .env = "BASE_ITERATIONS",
+         .min = 1});
+    s.add(
+        {.key = "lr",
+         .access = field(&C::lr),
+         .help = "peak learning rate (1e-3)",
+         .min = 0});
+    s.add(
+        {.key = "warmup_steps",
+         .access = field(&C::warmup_steps),
+         .help = "steps of linear warmup (0)",
+         .min = 0});
+    s.add(
+        {.key = "weight_decay",
+         .access = field(&C::weight_decay),
+         .help = "decoupled weight decay of the matrices (0.0)",
+         .min = 0});
+    s.add(
+        {.key = "grad_clip",
+         .access = field(&C::grad_clip),
+         .help = "clip the gradient norm to this (1.0; 0 turns it off)",
+         .min = 0});
+    s.add(
+        {.key = "dtype",
+         .access = field(&C::dtype),
+         .help = "compute precision (auto: bfloat16 on CUDA, float32 on "
+                 "MPS and CPU)",
+         .choices = {"auto", "float32", "bfloat16", "float16"}});
+    s.add(
+        {.key = "ema",
+         .access = field(&C::ema),
+         .help = "keep an exponential moving average of the weights for "
+                 "eval and the final model"});
+    s.add(
+        {.key = "ema_rate",
+         .access = field(&C::ema_rate),
+         .help = "EMA decay per step (0.999)",
+         .min = 0,
+         .max = 1});
+    s.add(
+        {.key = "seed",
+         .access = field(&C::seed),
+         .help = "seed for initialisation, data order and sampling (42)"});
+    s.add(
+        {.key = "run",
+         .access = field(&C::run),
+         .help =
+             "run name: the folder runs/<run> (\"\": the model tag, e.g. d6)"});
+    s.add(
+        {.key = "run_dir",
+         .access = field(&C::run_dir),
+         .help = "put the run folder here instead of runs/<run>"});
+    s.add(
+        {.key = "eval_every",
+         .access = field(&C::eval_every),
+         .help = "steps between validation losses (250; 0: only at the end)",
+         .min = 0});
+    s.add(
+        {.key = "eval_tokens",
+         .access = field(&C::eval_tokens),
+         .help = "validation tokens per evaluation (65536)",
+         .env = "EVAL_TOKENS",
+         .min = 1});
+    s.add(
+        {.key = "sample_every",
+         .access = field(&C::sample_every),
+         .help = "steps between printed samples (500; 0: never)",
+         .min = 0});
+    s.add(
+        {.key = "save_every",
+         .access = field(&C::save_every),
+         .help = "steps between checkpoints (500; 0: only at the end)",
+         .min = 0});
+    s.add(
+        {.key = "save_total_limit",
+         .access = field(&C::save_total_limit),
+         .help = "checkpoints kept, newest first (3; 0 keeps all)",
+         .min = 0});
+    return s;
+  }();
+  return schema;
+}
+
+} // namespace orchard

@@ -1,0 +1,67 @@
+// The pretraining run's settings: the first config schema (the main-job
+// issue implements the training that reads it; later stages add theirs).
+//
+// Field names are nanochat's and modded-nanogpt's where users already type
+// them (depth, device_batch_size, total_batch_size, num_iterations); the
+// architecture block also accepts the Hugging Face config.json names as
+// aliases (arch.hidden_size for arch.n_embd, ...).
+#pragma once
+
+#include "core/config.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace orchard {
+
+// Explicit architecture; each `auto` field is derived from `depth`.
+struct ArchConfig {
+  std::optional<int64_t> n_layer;    // auto: depth
+  std::optional<int64_t> n_embd;     // auto: 64 * depth
+  std::optional<int64_t> n_head;     // auto: n_embd / 128, at least 1
+  std::optional<int64_t> n_kv_head;  // auto: n_head (no grouped-query)
+  std::optional<int64_t> vocab_size; // auto: the tokenizer's
+};
+
+struct PretrainConfig {
+  // Model
+  int64_t depth = 6;
+  ArchConfig arch;
+
+  // Data
+  std::vector<std::string> data_paths; // empty: the default corpus
+  std::string data_dir;                // "": $ORCHARD_HOME or ~/.cache/orchard
+
+  // Batch
+  int64_t max_seq_len = 512;
+  std::optional<int64_t> device_batch_size; // auto: the memory planner's
+  int64_t total_batch_size = 16384;         // tokens per optimizer step
+
+  // Length
+  std::optional<int64_t> num_iterations; // auto: from the data size
+
+  // Optimization
+  double lr = 1e-3;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;
+  std::string dtype = "auto";
+  bool ema = false;
+  double ema_rate = 0.999;
+  int64_t seed = 42;
+
+  // Run folder, evaluation, checkpoints
+  std::string run;     // "": the model tag, e.g. d6
+  std::string run_dir; // "": runs/<run>
+  int64_t eval_every = 250;
+  int64_t eval_tokens = 65536;
+  int64_t sample_every = 500;
+  int64_t save_every = 500;
+  int64_t save_total_limit = 3;
+};
+
+const config::Schema& pretrain_schema();
+
+} // namespace orchard

@@ -1,0 +1,159 @@
+// The orchard binary, run as a user would: exit codes and what it prints.
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+namespace orchard {
+namespace {
+
+using test::run_orchard;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Cli, VersionAndHelp) {
+  auto r = run_orchard({"--version"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.out, "0.1.0")) << r.out;
+  r = run_orchard({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.out, "doctor")) << r.out;
+  EXPECT_TRUE(contains(r.out, "config")) << r.out;
+}
+
+TEST(Cli, NoOrUnknownSubcommandIsAUsageError) {
+  auto r = run_orchard({});
+  EXPECT_EQ(r.exit_code, 2);
+  r = run_orchard({"trian"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(r.err.empty());
+}
+
+TEST(Cli, ConfigHelpListsEveryOptionWithItsDefault) {
+  auto r = run_orchard({"config", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* opt :
+       {"depth=6",
+        "arch.n_embd=auto",
+        "device_batch_size=auto",
+        "total_batch_size=16384",
+        "lr=0.001",
+        "dtype=auto",
+        "seed=42",
+        "save_every=500",
+        "--preset",
+        "--config",
+        "--device",
+        "--assume-device",
+        "--memory-gb"})
+    EXPECT_TRUE(contains(r.out, opt)) << opt << "\n" << r.out;
+}
+
+TEST(Cli, ConfigPrintsResolvedYaml) {
+  test::TempDir dir;
+  std::string file = dir.write("run.yaml", "max_seq_len: 128\n");
+  auto r = run_orchard(
+      {"config", "--preset", "quick", "--config", file, "depth=3", "ema=True"},
+      {{"TOTAL_BATCH_SIZE", "4096"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "depth: 3  # command line")) << r.out;
+  EXPECT_TRUE(contains(r.out, "max_seq_len: 128  # " + file + ":1")) << r.out;
+  EXPECT_TRUE(
+      contains(r.out, "total_batch_size: 4096  # environment TOTAL_BATCH_SIZE"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "num_iterations: 50  # preset quick")) << r.out;
+  EXPECT_TRUE(contains(r.out, "ema: true")) << r.out;
+  EXPECT_TRUE(contains(r.out, "# Using device: ")) << r.out;
+  // The output is itself a valid config file that resolves to the same.
+  std::string again = dir.write("again.yaml", r.out);
+  auto r2 = run_orchard({"config", "--config", again});
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  auto strip = [](std::string s) {
+    std::string out, line;
+    std::istringstream in(s);
+    while (std::getline(in, line))
+      if (line.rfind("#", 0) != 0)
+        out += line.substr(0, line.find("  #")) + "\n";
+    return out;
+  };
+  EXPECT_EQ(strip(r2.out), strip(r.out));
+}
+
+TEST(Cli, ConfigErrorsExitTwoWithTheReason) {
+  auto r = run_orchard({"config", "arch.hiden_size=512"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(
+      r.err,
+      "unknown key 'arch.hiden_size' (command line 'arch.hiden_size=512'); did "
+      "you mean 'arch.hidden_size'?"))
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+
+  r = run_orchard({"config", "--config", "/no/such/file.yaml"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "not found")) << r.err;
+
+  r = run_orchard({"config"}, {{"DEPTH", "deep"}});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "environment DEPTH")) << r.err;
+
+  r = run_orchard({"config", "--preset", "nope"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "the presets are: overnight, quick")) << r.err;
+}
+
+TEST(Cli, AssumedMachinesAndMemoryOverrides) {
+  auto r =
+      run_orchard({"config", "--assume-device", "mps", "--memory-gb", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(
+      contains(r.out, "# Using device: Apple Silicon (simulated) (MPS)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "# memory: 64.0 GiB unified (simulated)"))
+      << r.out;
+
+  r = run_orchard({"config", "--assume-device", "mps"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "needs --memory-gb")) << r.err;
+
+  r = run_orchard({"config", "--assume-device", "tpu", "--memory-gb", "8"});
+  EXPECT_EQ(r.exit_code, 2);
+
+  r = run_orchard({"config", "--device", "cpu"}, {{"MEMORY_SIZE", "16"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "# memory: 16.0 GiB (MEMORY_SIZE=16)")) << r.out;
+
+  r = run_orchard({"config"}, {{"MEMORY_SIZE", "lots"}});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "MEMORY_SIZE='lots'")) << r.err;
+}
+
+TEST(Cli, UnavailableDeviceExitsTwoAndListsDevices) {
+  for (const char* dev : {"mps", "cuda:7", "tpu"}) {
+    auto r = run_orchard({"doctor", "--device", dev});
+    EXPECT_EQ(r.exit_code, 2) << dev;
+    EXPECT_TRUE(contains(r.err, "cpu")) << r.err;
+  }
+}
+
+TEST(Cli, DoctorIsReadyOnThisMachine) {
+  auto r = run_orchard({"doctor", "--device", "cpu"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "Using device: CPU")) << r.out;
+  EXPECT_TRUE(contains(r.out, "libtorch ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "matmul 1024x1024 fp32: ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "forward/backward/AdamW step: ok")) << r.out;
+  EXPECT_TRUE(contains(r.out, "Ready to train on CPU")) << r.out;
+}
+
+TEST(Cli, DistributedOnCpuIsAllowed) {
+  auto r = run_orchard({"doctor", "--device", "cpu"}, {{"WORLD_SIZE", "2"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_orchard({"doctor", "--device", "cpu"}, {{"WORLD_SIZE", "two"}});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "WORLD_SIZE='two'")) << r.err;
+}
+
+} // namespace
+} // namespace orchard

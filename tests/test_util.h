@@ -1,0 +1,97 @@
+// Helpers shared by the tests: a temporary folder and a way to run the
+// orchard binary and collect what it printed.
+#pragma once
+
+#include <sys/wait.h>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_paths.h"
+
+namespace orchard::test {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "orchard-test-XXXXXX")
+            .string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const {
+    return path_;
+  }
+  std::string file(const std::string& name) const {
+    return (path_ / name).string();
+  }
+  // Writes `content` to `name` (creating folders) and returns its path.
+  std::string write(const std::string& name, const std::string& content) const {
+    auto p = path_ / name;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << content;
+    return p.string();
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `orchard args...` with extra environment variables (and
+// MEMORY_SIZE/WORLD_SIZE/DEPTH... unset unless given).
+inline CliResult run_orchard(
+    const std::vector<std::string>& args,
+    const std::map<std::string, std::string>& env = {}) {
+  TempDir tmp;
+  std::string cmd =
+      "env -u MEMORY_SIZE -u WORLD_SIZE -u DEPTH "
+      "-u DEVICE_BATCH_SIZE -u TOTAL_BATCH_SIZE -u EVAL_TOKENS "
+      "-u BASE_ITERATIONS -u ORCHARD_HOME";
+  for (const auto& [k, v] : env)
+    cmd += " " + k + "=" + shell_quote(v);
+  cmd += " " + shell_quote(ORCHARD_BIN);
+  for (const auto& a : args)
+    cmd += " " + shell_quote(a);
+  std::string err_path = tmp.file("stderr");
+  cmd += " 2>" + shell_quote(err_path) + " </dev/null";
+  CliResult r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0)
+    r.out.append(buf, n);
+  int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  r.err = read_text(err_path);
+  return r;
+}
+
+} // namespace orchard::test

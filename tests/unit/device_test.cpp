@@ -1,0 +1,162 @@
+// Device choice on simulated machines: a CUDA box, a CPU-only box, Apple
+// Silicon Macs of 16-128 GB, and a Mac build running under Rosetta.
+#include "core/device.h"
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+
+namespace orchard {
+namespace {
+
+MachineFacts cuda_box(int gpus = 1) {
+  MachineFacts m;
+  m.os = "linux";
+  m.arch = "x86_64";
+  m.cuda_built = true;
+  for (int i = 0; i < gpus; ++i)
+    m.cuda.push_back({"NVIDIA H100 80GB HBM3", 80 * kGiB, 79 * kGiB});
+  m.ram_total_bytes = m.ram_available_bytes = 128 * kGiB;
+  return m;
+}
+
+MachineFacts cpu_box() {
+  MachineFacts m;
+  m.os = "linux";
+  m.arch = "x86_64";
+  m.ram_total_bytes = 24 * kGiB;
+  m.ram_available_bytes = 20 * kGiB;
+  return m;
+}
+
+MachineFacts mac(int gb) {
+  MachineFacts m = simulated_machine("mps", gb);
+  m.mps_chip = "Apple M2 Max";
+  return m;
+}
+
+std::string error_of(const std::string& request, const MachineFacts& m) {
+  try {
+    resolve_device(request, m);
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Device, AutoPrefersCudaThenMpsThenCpu) {
+  DeviceInfo d = resolve_device("auto", cuda_box());
+  EXPECT_EQ(d.kind, "cuda");
+  EXPECT_EQ(d.device.str(), "cuda:0");
+  EXPECT_EQ(
+      using_device_line(d),
+      "Using device: NVIDIA H100 80GB HBM3 (auto: CUDA is available)");
+  EXPECT_EQ(d.total_memory, 80 * kGiB);
+
+  d = resolve_device("auto", mac(32));
+  EXPECT_EQ(d.kind, "mps");
+  EXPECT_TRUE(d.unified_memory);
+  EXPECT_EQ(d.total_memory, 32 * kGiB);
+  EXPECT_EQ(
+      using_device_line(d),
+      "Using device: Apple M2 Max (MPS) (auto: Apple Silicon GPU through MPS)");
+
+  d = resolve_device("", cpu_box());
+  EXPECT_EQ(d.kind, "cpu");
+  EXPECT_EQ(d.why, "auto: no CUDA GPU or MPS found");
+  EXPECT_EQ(d.total_memory, 24 * kGiB);
+  EXPECT_EQ(d.free_memory, 20 * kGiB);
+}
+
+TEST(Device, ExplicitChoices) {
+  EXPECT_EQ(resolve_device("cpu", cuda_box()).kind, "cpu");
+  EXPECT_EQ(resolve_device("cuda:1", cuda_box(2)).device.index(), 1);
+  EXPECT_EQ(resolve_device("cuda", cuda_box(2)).device.index(), 0);
+  EXPECT_EQ(resolve_device("mps", mac(16)).device.str(), "mps");
+}
+
+TEST(Device, UnavailableDeviceListsTheAvailableOnes) {
+  std::string e = error_of("cuda", cpu_box());
+  EXPECT_NE(e.find("Device 'cuda' is not available"), std::string::npos) << e;
+  EXPECT_NE(e.find("built without CUDA"), std::string::npos) << e;
+  EXPECT_NE(e.find("Available devices: cpu."), std::string::npos) << e;
+
+  e = error_of("mps", cuda_box());
+  EXPECT_NE(e.find("only on macOS"), std::string::npos) << e;
+  EXPECT_NE(
+      e.find("Available devices: cuda:0 (NVIDIA H100 80GB HBM3), cpu"),
+      std::string::npos)
+      << e;
+
+  e = error_of("cuda:2", cuda_box(2));
+  EXPECT_NE(e.find("has 2 CUDA GPU(s)"), std::string::npos) << e;
+
+  e = error_of("cuda:x", cuda_box());
+  EXPECT_NE(e.find("cuda:N"), std::string::npos) << e;
+  e = error_of("gpu", cuda_box());
+  EXPECT_NE(e.find("use auto, cuda, cuda:N, mps or cpu"), std::string::npos)
+      << e;
+}
+
+TEST(Device, RosettaExplainsMissingMpsAndWarns) {
+  MachineFacts m = mac(16);
+  m.mps_available = false;
+  m.rosetta = true;
+  m.arch = "x86_64";
+  EXPECT_EQ(resolve_device("auto", m).kind, "cpu");
+  std::string e = error_of("mps", m);
+  EXPECT_NE(e.find("Rosetta"), std::string::npos) << e;
+  auto notes = platform_notes(m);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("arch -arm64"), std::string::npos);
+}
+
+TEST(Device, MpsFallbackIsReported) {
+  MachineFacts m = mac(64);
+  auto notes = platform_notes(m);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(
+      notes[0].find("PYTORCH_ENABLE_MPS_FALLBACK is not set"),
+      std::string::npos);
+  m.mps_fallback = true;
+  notes = platform_notes(m);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("PYTORCH_ENABLE_MPS_FALLBACK=1"), std::string::npos);
+  EXPECT_TRUE(platform_notes(cpu_box()).empty());
+}
+
+TEST(Device, DistributedRefusedOnMpsOnly) {
+  DeviceInfo d = resolve_device("mps", mac(128));
+  try {
+    check_distributed_supported(d, 2);
+    FAIL() << "expected a refusal";
+  } catch (const UserError& e) {
+    EXPECT_EQ(
+        std::string(e.what()).rfind(
+            "Distributed training is not supported on MPS", 0),
+        0u);
+  }
+  EXPECT_NO_THROW(check_distributed_supported(d, 1));
+  EXPECT_NO_THROW(
+      check_distributed_supported(resolve_device("cpu", mac(16)), 4));
+  EXPECT_NO_THROW(
+      check_distributed_supported(resolve_device("cuda", cuda_box(2)), 2));
+}
+
+TEST(Device, SimulatedMachines) {
+  for (int gb : {16, 32, 64, 128}) {
+    MachineFacts m = simulated_machine("mps", gb);
+    EXPECT_TRUE(m.simulated);
+    DeviceInfo d = resolve_device("auto", m);
+    EXPECT_EQ(d.kind, "mps");
+    EXPECT_EQ(d.total_memory, uint64_t(gb) * kGiB);
+  }
+  MachineFacts c = simulated_machine("cuda", 24);
+  EXPECT_EQ(resolve_device("auto", c).total_memory, 24 * kGiB);
+  EXPECT_EQ(resolve_device("auto", simulated_machine("cpu", 8)).kind, "cpu");
+  EXPECT_THROW(simulated_machine("tpu", 8), UserError);
+  EXPECT_THROW(simulated_machine("mps", 0), UserError);
+}
+
+} // namespace
+} // namespace orchard
