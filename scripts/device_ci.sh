@@ -11,6 +11,7 @@ FIX=tests/fixtures/safetensors
 status=0
 step() { echo; echo "=== $*"; }
 
+echo "TMPDIR=${TMPDIR:-unset}"; ls -ld /tmp "${TMPDIR:-/tmp}"; touch /tmp/x && echo "/tmp writable"
 step "python safetensors fixtures"
 python3 -c 'import torch, safetensors, transformers; print("torch", torch.__version__, "safetensors", safetensors.__version__, "cuda", torch.cuda.is_available())'
 python3 $FIX/make_fixtures.py $FIX || status=1

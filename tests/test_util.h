@@ -9,24 +9,35 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/files.h"
 #include "test_paths.h"
 
 namespace orchard::test {
 
 class TempDir {
  public:
+  // Under $TMPDIR (or /tmp); where that is not writable, under the current
+  // folder (ctest runs in the build folder).
   TempDir() {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "orchard-test-XXXXXX")
-            .string();
-    path_ = ::mkdtemp(tmpl.data());
+    std::error_code ec;
+    std::filesystem::path base = std::filesystem::temp_directory_path(ec);
+    for (const auto& dir : {base, std::filesystem::current_path()}) {
+      std::string tmpl = (dir / "orchard-test-XXXXXX").string();
+      if (::mkdtemp(tmpl.data())) {
+        path_ = tmpl;
+        return;
+      }
+    }
+    throw std::runtime_error(
+        "cannot create a temporary folder under " + base.string() +
+        " or the current folder");
   }
   ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    remove_tree(path_.string());
   }
   const std::filesystem::path& path() const {
     return path_;

@@ -1,6 +1,6 @@
 #include "core/config.h"
 
-#include "core/atomic_file.h"
+#include "core/files.h"
 #include "core/error.h"
 
 #include <yaml-cpp/yaml.h>

@@ -14,6 +14,11 @@
 #include <torch/mps.h>
 #endif
 
+// Not a compile-time difference, but one of linking: PyTorch 2.x's
+// libtorch.so exports std::filesystem::remove_all, which then replaces the
+// system libstdc++'s at run time and crashes. core/files.h's remove_tree is
+// the replacement; never call std::filesystem::remove_all.
+
 namespace orchard::compat {
 
 constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;

@@ -1,8 +1,10 @@
-#include "core/atomic_file.h"
+#include "core/files.h"
 
 #include "core/error.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cstring>
@@ -65,6 +67,24 @@ void atomic_write(const std::string& path, const std::string& content) {
   atomic_write(path, [&](int fd) {
     write_all(fd, content.data(), content.size(), path);
   });
+}
+
+bool remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0)
+    return errno == ENOENT;
+  if (!S_ISDIR(st.st_mode))
+    return ::unlink(path.c_str()) == 0;
+  bool ok = true;
+  if (DIR* dir = ::opendir(path.c_str())) {
+    while (struct dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..")
+        ok = remove_tree(path + "/" + name) && ok;
+    }
+    ::closedir(dir);
+  }
+  return ::rmdir(path.c_str()) == 0 && ok;
 }
 
 } // namespace orchard
