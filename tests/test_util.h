@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -69,6 +71,17 @@ inline std::string shell_quote(const std::string& s) {
   for (char c : s)
     out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
+}
+
+// An environment holding exactly `vars`, for code that takes an EnvLookup.
+inline std::function<std::optional<std::string>(const std::string&)> env_of(
+    std::map<std::string, std::string> vars) {
+  return [vars](const std::string& k) -> std::optional<std::string> {
+    auto it = vars.find(k);
+    if (it == vars.end())
+      return std::nullopt;
+    return it->second;
+  };
 }
 
 struct CliResult {

@@ -10,16 +10,8 @@ namespace orchard {
 namespace {
 
 using config::Sources;
+using test::env_of;
 using test::TempDir;
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& k) -> std::optional<std::string> {
-    auto it = vars.find(k);
-    if (it == vars.end())
-      return std::nullopt;
-    return it->second;
-  };
-}
 
 Sources sources(
     std::vector<std::string> overrides = {},

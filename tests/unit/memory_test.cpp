@@ -10,21 +10,13 @@
 namespace orchard {
 namespace {
 
+using test::env_of;
 using test::TempDir;
 
 const char* kMeminfo =
     "MemTotal:       32768000 kB\n"
     "MemFree:         1000000 kB\n"
     "MemAvailable:   30000000 kB\n";
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& k) -> std::optional<std::string> {
-    auto it = vars.find(k);
-    if (it == vars.end())
-      return std::nullopt;
-    return it->second;
-  };
-}
 
 SystemMemory probe(
     const TempDir& root,
