@@ -59,5 +59,6 @@ struct Command {
 
 Command register_doctor(CLI::App& root);
 Command register_config(CLI::App& root);
+Command register_tokenizer(CLI::App& root);
 
 } // namespace orchard::cli

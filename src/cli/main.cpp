@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   std::vector<cli::Command> commands = {
       cli::register_doctor(app),
       cli::register_config(app),
+      cli::register_tokenizer(app),
   };
   try {
     configure_cpu_threads();

@@ -157,3 +157,79 @@ TEST(Cli, DistributedOnCpuIsAllowed) {
 
 } // namespace
 } // namespace orchard
+
+namespace orchard {
+namespace {
+
+const std::string kCl100k =
+    std::string(ORCHARD_FIXTURES) + "/tokenizers/cl100k_base";
+
+TEST(CliTokenizer, EncodeDecodeRoundTripsExactBytes) {
+  test::TempDir dir;
+  std::string text = "Héllo 🎉 world\r\n\ttabs  <|endoftext|>\n";
+  text += std::string("\xff\xfe raw bytes", 12);
+  std::string in = dir.write("in.txt", text);
+  auto enc = test::run_orchard(
+      {"tokenizer", "encode", "--tokenizer", kCl100k, "--input", in});
+  ASSERT_EQ(enc.exit_code, 0) << enc.err;
+  EXPECT_EQ(enc.out.find("100257"), std::string::npos)
+      << "special token from text";
+  std::string ids = dir.write("ids.txt", enc.out);
+  auto dec = test::run_orchard(
+      {"tokenizer", "decode", "--tokenizer", kCl100k, "--input", ids});
+  ASSERT_EQ(dec.exit_code, 0) << dec.err;
+  EXPECT_TRUE(dec.out == text);
+
+  auto special = test::run_orchard(
+      {"tokenizer",
+       "encode",
+       "--tokenizer",
+       kCl100k,
+       "--input",
+       dir.write("s.txt", "<|endoftext|>"),
+       "--allow-special"});
+  EXPECT_EQ(special.out, "100257\n");
+}
+
+TEST(CliTokenizer, InfoAndErrors) {
+  auto info = test::run_orchard({"tokenizer", "info", "--tokenizer", kCl100k});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("vocab_size: 100277"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("100257 <|endoftext|>"), std::string::npos)
+      << info.out;
+
+  test::TempDir dir;
+  auto bad = test::run_orchard(
+      {"tokenizer",
+       "decode",
+       "--tokenizer",
+       kCl100k,
+       "--input",
+       dir.write("b.txt", "1 2 x")});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("token 3: 'x'"), std::string::npos) << bad.err;
+  bad = test::run_orchard(
+      {"tokenizer",
+       "decode",
+       "--tokenizer",
+       kCl100k,
+       "--input",
+       dir.write("c.txt", "999999")});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("not in the vocabulary"), std::string::npos)
+      << bad.err;
+  bad =
+      test::run_orchard({"tokenizer", "info", "--tokenizer", dir.file("none")});
+  EXPECT_EQ(bad.exit_code, 2);
+  bad = test::run_orchard(
+      {"tokenizer",
+       "encode",
+       "--tokenizer",
+       kCl100k,
+       "--input",
+       dir.file("none")});
+  EXPECT_EQ(bad.exit_code, 2);
+}
+
+} // namespace
+} // namespace orchard

@@ -1,0 +1,124 @@
+// `orchard tokenizer encode|decode|info`: inspect a tokenizer from scripts.
+// encode prints the ids of a text separated by spaces; decode turns such ids
+// back into the exact bytes; info describes the tokenizer.
+#include "cli/common.h"
+#include "core/error.h"
+#include "text/tokenizer_io.h"
+
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+
+namespace orchard::cli {
+namespace {
+
+std::string read_input(const std::string& path) {
+  if (path.empty() || path == "-") {
+    std::ios::sync_with_stdio(false);
+    return std::string(
+        std::istreambuf_iterator<char>(std::cin),
+        std::istreambuf_iterator<char>());
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw UserError("cannot read input file '" + path + "'.");
+  return std::string(
+      std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string printable(const std::string& bytes) {
+  std::ostringstream out;
+  for (unsigned char c : bytes) {
+    if (c == '\n')
+      out << "\\n";
+    else if (c == '\t')
+      out << "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out << "\\x" << std::hex << int(c) << std::dec;
+    else
+      out << c;
+  }
+  return out.str();
+}
+
+} // namespace
+
+Command register_tokenizer(CLI::App& root) {
+  struct State {
+    std::string tokenizer, input;
+    bool allow_special = false;
+  };
+  auto st = std::make_shared<State>();
+  CLI::App* app = root.add_subcommand(
+      "tokenizer", "Encode, decode and describe tokenizers");
+  app->require_subcommand(1);
+  auto common = [&](CLI::App* sub, bool input) {
+    sub->add_option(
+           "--tokenizer",
+           st->tokenizer,
+           "folder with a *.tiktoken rank file (or the file itself)")
+        ->required();
+    if (input)
+      sub->add_option(
+          "--input", st->input, "file to read (default: standard input)");
+  };
+  CLI::App* enc = app->add_subcommand(
+      "encode", "Print the token ids of a text, separated by spaces");
+  common(enc, true);
+  enc->add_flag(
+      "--allow-special",
+      st->allow_special,
+      "turn special-token text such as <|endoftext|> into its id (off: "
+      "encoded as plain text)");
+  CLI::App* dec = app->add_subcommand(
+      "decode", "Write the exact bytes of token ids read as text");
+  common(dec, true);
+  CLI::App* info =
+      app->add_subcommand("info", "Vocabulary size, special tokens and format");
+  common(info, false);
+
+  return {app, [st, enc, dec, info] {
+            text::Tokenizer tok = text::load_tokenizer(st->tokenizer);
+            if (enc->parsed()) {
+              auto ids = tok.encode(
+                  read_input(st->input),
+                  st->allow_special ? text::Allowed::every()
+                                    : text::Allowed::none());
+              std::string out;
+              for (size_t i = 0; i < ids.size(); ++i)
+                out += (i ? " " : "") + std::to_string(ids[i]);
+              std::cout << out << "\n";
+            } else if (dec->parsed()) {
+              std::string in = read_input(st->input);
+              std::istringstream words(in);
+              std::vector<text::TokenId> ids;
+              std::string word;
+              for (size_t n = 1; words >> word; ++n) {
+                char* end = nullptr;
+                unsigned long v = std::strtoul(word.c_str(), &end, 10);
+                if (*end != '\0' || word[0] == '-' || v > UINT32_MAX)
+                  throw UserError(
+                      "decode input, token " + std::to_string(n) + ": '" +
+                      word +
+                      "' is not a token id (whole numbers separated "
+                      "by spaces, as `orchard tokenizer encode` prints).");
+                ids.push_back(text::TokenId(v));
+              }
+              std::string bytes = tok.decode(ids);
+              std::cout.write(bytes.data(), bytes.size());
+            } else if (info->parsed()) {
+              std::cout << "format: " << tok.format() << "\n"
+                        << "vocab_size: " << tok.vocab_size() << "\n"
+                        << "pattern: " << tok.pattern() << "\n"
+                        << "special_tokens: " << tok.special_tokens().size()
+                        << "\n";
+              for (const auto& [text, id] : tok.special_tokens())
+                std::cout << "  " << id << " " << printable(text) << "\n";
+            }
+            return 0;
+          }};
+}
+
+} // namespace orchard::cli

@@ -1,0 +1,271 @@
+#include "text/tokenizer.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+namespace orchard::text {
+namespace {
+
+// A fast non-cryptographic hash for short byte strings (8 bytes per step,
+// multiply-xorshift mixing). std::hash is noticeably slower here.
+struct BytesHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (s.size() * 0xFF51AFD7ED558CCDull);
+    const char* p = s.data();
+    size_t n = s.size();
+    while (n >= 8) {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+      p += 8;
+      n -= 8;
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p, n);
+    h = (h ^ tail) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+  }
+};
+struct BytesEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const noexcept {
+    return a == b;
+  }
+};
+
+struct IdRank {
+  TokenId id;
+  uint32_t rank;
+};
+
+} // namespace
+
+struct Tokenizer::Impl {
+  std::unordered_map<std::string, IdRank, BytesHash, BytesEq> by_bytes;
+  std::vector<std::string> by_id; // id -> bytes (specials included)
+  std::vector<bool> known;        // id is assigned
+  std::map<std::string, TokenId> special;
+  std::optional<Pretokenizer> special_all; // matches any special token
+  Pretokenizer pre;
+  std::string format;
+
+  Impl(const std::string& pattern) : pre(pattern) {}
+
+  uint32_t rank_of(std::string_view bytes) const {
+    auto it = by_bytes.find(bytes);
+    return it == by_bytes.end() ? kNoRank : it->second.rank;
+  }
+
+  // tiktoken's byte-pair merge over one piece. parts[i] is the start of the
+  // i-th part; rank[i] the rank of parts i and i+1 merged.
+  void merge_piece(std::string_view piece, std::vector<TokenId>& out) const {
+    if (piece.empty())
+      return;
+    auto whole = by_bytes.find(piece);
+    if (whole != by_bytes.end()) {
+      out.push_back(whole->second.id);
+      return;
+    }
+    const size_t n = piece.size();
+    struct Part {
+      size_t start;
+      uint32_t rank;
+    };
+    std::vector<Part> parts;
+    parts.reserve(n + 1);
+    for (size_t i = 0; i + 1 < n; ++i)
+      parts.push_back({i, rank_of(piece.substr(i, 2))});
+    parts.push_back({n - 1, kNoRank});
+    parts.push_back({n, kNoRank});
+    // The rank of parts i and i+1 merged (parts has a sentinel at `n`).
+    auto pair_rank = [&](size_t i) -> uint32_t {
+      if (i + 2 >= parts.size())
+        return kNoRank;
+      return rank_of(
+          piece.substr(parts[i].start, parts[i + 2].start - parts[i].start));
+    };
+    while (parts.size() > 2) {
+      uint32_t best = kNoRank;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < parts.size(); ++i)
+        if (parts[i].rank < best) {
+          best = parts[i].rank;
+          at = i;
+        }
+      if (best == kNoRank)
+        break;
+      parts.erase(parts.begin() + at + 1);
+      parts[at].rank = pair_rank(at);
+      if (at > 0)
+        parts[at - 1].rank = pair_rank(at - 1);
+    }
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      std::string_view bytes =
+          piece.substr(parts[i].start, parts[i + 1].start - parts[i].start);
+      auto it = by_bytes.find(bytes);
+      if (it == by_bytes.end())
+        throw UserError(
+            "the tokenizer has no token for a byte it needs: its vocabulary "
+            "lacks some of the 256 single bytes (not a byte-level BPE file?)");
+      out.push_back(it->second.id);
+    }
+  }
+};
+
+static std::string escape_regex(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::strchr("\\^$.|?*+()[]{}", c))
+      out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+Tokenizer::Tokenizer(
+    std::vector<TokenEntry> tokens,
+    std::map<std::string, TokenId> special,
+    const std::string& pattern,
+    std::string format)
+    : impl_(std::make_unique<Impl>(pattern)) {
+  Impl& m = *impl_;
+  m.format = std::move(format);
+  TokenId max_id = 0;
+  for (const auto& t : tokens)
+    max_id = std::max(max_id, t.id);
+  for (const auto& [text, id] : special)
+    max_id = std::max(max_id, id);
+  m.by_id.resize(size_t(max_id) + 1);
+  m.known.assign(size_t(max_id) + 1, false);
+  m.by_bytes.reserve(tokens.size() * 2);
+  for (auto& t : tokens) {
+    if (m.known[t.id])
+      throw UserError(
+          "the tokenizer assigns id " + std::to_string(t.id) +
+          " to two tokens; the vocabulary file is inconsistent.");
+    m.known[t.id] = true;
+    m.by_id[t.id] = t.bytes;
+    m.by_bytes.emplace(std::move(t.bytes), IdRank{t.id, t.rank});
+  }
+  std::string alternation;
+  for (const auto& [text, id] : special) {
+    if (m.known[id] && m.by_id[id] != text)
+      throw UserError(
+          "special token '" + text + "' reuses id " + std::to_string(id) +
+          " of an ordinary token.");
+    m.known[id] = true;
+    m.by_id[id] = text;
+    alternation += (alternation.empty() ? "" : "|") + escape_regex(text);
+  }
+  m.special = std::move(special);
+  if (!alternation.empty())
+    m.special_all.emplace(alternation);
+}
+
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+void Tokenizer::encode_ordinary(
+    std::string_view text,
+    std::vector<TokenId>& out) const {
+  std::vector<std::string_view> pieces;
+  pieces.reserve(text.size() / 4 + 1);
+  impl_->pre.split(text, pieces);
+  for (auto piece : pieces)
+    impl_->merge_piece(piece, out);
+}
+
+std::vector<TokenId> Tokenizer::encode(
+    std::string_view text,
+    const Allowed& allowed) const {
+  std::vector<TokenId> out;
+  out.reserve(text.size() / 3 + 1);
+  if ((!allowed.all && allowed.names.empty()) || !impl_->special_all) {
+    encode_ordinary(text, out);
+    return out;
+  }
+  for (const auto& name : allowed.names)
+    if (!impl_->special.count(name))
+      throw UserError(
+          "'" + name + "' is not a special token of this tokenizer.");
+  // Every special token occurrence splits the text; allowed ones become
+  // their id, the others stay text.
+  std::vector<std::string_view> pieces;
+  impl_->special_all->split(text, pieces);
+  size_t ordinary_start = 0, pos = 0;
+  for (auto piece : pieces) {
+    auto it = impl_->special.find(std::string(piece));
+    bool is_allowed = it != impl_->special.end() &&
+        (allowed.all || allowed.names.count(it->first));
+    if (is_allowed) {
+      encode_ordinary(text.substr(ordinary_start, pos - ordinary_start), out);
+      out.push_back(it->second);
+      ordinary_start = pos + piece.size();
+    }
+    pos += piece.size();
+  }
+  encode_ordinary(text.substr(ordinary_start), out);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<TokenId>& ids) const {
+  std::string out;
+  for (TokenId id : ids) {
+    if (id >= impl_->by_id.size() || !impl_->known[id])
+      throw UserError(
+          "token id " + std::to_string(id) +
+          " is not in the vocabulary (size " + std::to_string(vocab_size()) +
+          ").");
+    out += impl_->by_id[id];
+  }
+  return out;
+}
+
+size_t Tokenizer::vocab_size() const {
+  return impl_->by_id.size();
+}
+
+const std::map<std::string, TokenId>& Tokenizer::special_tokens() const {
+  return impl_->special;
+}
+
+std::optional<TokenId> Tokenizer::special_id(const std::string& text) const {
+  auto it = impl_->special.find(text);
+  if (it == impl_->special.end())
+    return std::nullopt;
+  return it->second;
+}
+
+bool Tokenizer::token_bytes(TokenId id, std::string& out) const {
+  if (id >= impl_->by_id.size() || !impl_->known[id])
+    return false;
+  out = impl_->by_id[id];
+  return true;
+}
+
+const std::string& Tokenizer::pattern() const {
+  return impl_->pre.pattern();
+}
+
+const std::string& Tokenizer::format() const {
+  return impl_->format;
+}
+
+std::vector<TokenEntry> Tokenizer::entries() const {
+  std::vector<TokenEntry> out;
+  out.reserve(impl_->by_bytes.size());
+  for (const auto& [bytes, ir] : impl_->by_bytes)
+    out.push_back({bytes, ir.id, ir.rank});
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.id < b.id;
+  });
+  return out;
+}
+
+} // namespace orchard::text

@@ -1,0 +1,26 @@
+// Reading tokenizers from disk: tiktoken rank files and Hugging Face
+// tokenizer.json, found from a folder or a file path.
+#pragma once
+
+#include "text/tokenizer.h"
+
+#include <string>
+
+namespace orchard::text {
+
+// A tiktoken rank file: "<base64 token bytes> <rank>" per line (the format of
+// cl100k_base.tiktoken and of Llama 3's tokenizer.model). The pattern and
+// special tokens come from a `tiktoken.json` beside it when present
+// ({"pattern": ..., "special_tokens": {text: id}}); otherwise GPT-2's
+// pattern for files named gpt2/r50k/p50k, GPT-4's for the rest.
+Tokenizer load_tiktoken(const std::string& path);
+
+// A folder holding tokenizer.json or a *.tiktoken file (tokenizer.model is
+// tried as tiktoken), or such a file itself.
+Tokenizer load_tokenizer(const std::string& path);
+
+// RFC 4648 base64 (with padding); throws std::invalid_argument on bad input.
+std::string base64_decode(std::string_view in);
+std::string base64_encode(std::string_view in);
+
+} // namespace orchard::text
