@@ -3,7 +3,13 @@
 // back into the exact bytes; info describes the tokenizer.
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/progress.h"
+#include "text/bpe_train.h"
+#include "text/hf_tokenizer.h"
 #include "text/tokenizer_io.h"
+
+#include <algorithm>
+#include <filesystem>
 
 #include <fstream>
 #include <iostream>
@@ -43,6 +49,77 @@ std::string printable(const std::string& bytes) {
   return out.str();
 }
 
+struct TrainArgs {
+  std::vector<std::string> inputs;
+  size_t vocab_size = 32768;
+  std::string out;
+};
+
+// Every regular file under the inputs, sorted (so runs are reproducible).
+std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  for (const auto& in : inputs) {
+    if (!fs::exists(in))
+      throw UserError("--input '" + in + "' does not exist.");
+    if (fs::is_directory(in)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::recursive_directory_iterator(in))
+        if (e.is_regular_file())
+          found.push_back(e.path().string());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(in);
+    }
+  }
+  if (files.empty())
+    throw UserError("--input names no files to train on.");
+  return files;
+}
+
+void run_train(const TrainArgs& a) {
+  namespace fs = std::filesystem;
+  auto files = input_files(a.inputs);
+  text::BpeTrainer trainer({.vocab_size = a.vocab_size});
+  std::cout << "Counting pieces in " << files.size() << " file(s)...\n"
+            << std::flush;
+  for (const auto& f : files)
+    trainer.add_text(read_input(f));
+  text::BpeTrainStats stats;
+  std::cout << "Learning merges...\n" << std::flush;
+  text::Tokenizer tok = [&] {
+    ProgressLine progress;
+    return trainer.train(&stats, [&](size_t done, size_t wanted) {
+      progress.update({.step = int64_t(done), .total = int64_t(wanted)});
+    });
+  }();
+  fs::create_directories(a.out);
+  std::string path = (fs::path(a.out) / "tokenizer.json").string();
+  text::save_hf_tokenizer(tok, path);
+  char line[256];
+  std::snprintf(
+      line,
+      sizeof line,
+      "Read %.1f MB (%llu pieces, %llu unique) in %.1f s (%.1f MB/s); %llu "
+      "merges in %.1f s.\n",
+      stats.bytes / 1e6,
+      (unsigned long long)stats.pieces,
+      (unsigned long long)stats.unique_pieces,
+      stats.count_seconds,
+      stats.bytes / 1e6 / std::max(stats.count_seconds, 1e-9),
+      (unsigned long long)stats.merges,
+      stats.merge_seconds);
+  std::cout << line;
+  if (tok.vocab_size() < a.vocab_size)
+    std::cout << "Note: the text allowed only " << stats.merges
+              << " merges, so the vocabulary has " << tok.vocab_size()
+              << " tokens, not " << a.vocab_size
+              << "; give more text for more.\n";
+  std::cout << "Wrote " << path << " (vocab_size " << tok.vocab_size() << ", "
+            << tok.special_tokens().size() << " special tokens).\n";
+}
+
 } // namespace
 
 Command register_tokenizer(CLI::App& root) {
@@ -79,7 +156,22 @@ Command register_tokenizer(CLI::App& root) {
       app->add_subcommand("info", "Vocabulary size, special tokens and format");
   common(info, false);
 
-  return {app, [st, enc, dec, info] {
+  auto train_opts = std::make_shared<TrainArgs>();
+  CLI::App* train = app->add_subcommand(
+      "train", "Learn a byte-level BPE tokenizer from text files");
+  train->add_option("--input", train_opts->inputs, "text files or folders")
+      ->required();
+  train
+      ->add_option(
+          "--vocab-size", train_opts->vocab_size, "tokens, specials included")
+      ->capture_default_str();
+  train->add_option("--out", train_opts->out, "folder for tokenizer.json")
+      ->required();
+  train->callback([train_opts] { run_train(*train_opts); });
+
+  return {app, [st, enc, dec, info, train] {
+            if (train->parsed())
+              return 0; // ran in its callback
             text::Tokenizer tok = text::load_tokenizer(st->tokenizer);
             if (enc->parsed()) {
               auto ids = tok.encode(

@@ -56,21 +56,16 @@ struct Tokenizer::Impl {
 
   Impl(const std::string& pattern) : pre(pattern) {}
 
-  uint32_t rank_of(std::string_view bytes) const {
+  uint32_t rank_of(std::string_view bytes, uint32_t below = kNoRank) const {
     auto it = by_bytes.find(bytes);
-    return it == by_bytes.end() ? kNoRank : it->second.rank;
+    return it == by_bytes.end() || it->second.rank >= below ? kNoRank
+                                                            : it->second.rank;
   }
 
-  // tiktoken's byte-pair merge over one piece. parts[i] is the start of the
-  // i-th part; rank[i] the rank of parts i and i+1 merged.
-  void merge_piece(std::string_view piece, std::vector<TokenId>& out) const {
-    if (piece.empty())
-      return;
-    auto whole = by_bytes.find(piece);
-    if (whole != by_bytes.end()) {
-      out.push_back(whole->second.id);
-      return;
-    }
+  // The final part boundaries of a byte-pair merge of `piece`, using only
+  // merges ranked below `below`.
+  std::vector<size_t> merge_bounds(std::string_view piece, uint32_t below)
+      const {
     const size_t n = piece.size();
     struct Part {
       size_t start;
@@ -79,7 +74,7 @@ struct Tokenizer::Impl {
     std::vector<Part> parts;
     parts.reserve(n + 1);
     for (size_t i = 0; i + 1 < n; ++i)
-      parts.push_back({i, rank_of(piece.substr(i, 2))});
+      parts.push_back({i, rank_of(piece.substr(i, 2), below)});
     parts.push_back({n - 1, kNoRank});
     parts.push_back({n, kNoRank});
     // The rank of parts i and i+1 merged (parts has a sentinel at `n`).
@@ -87,7 +82,8 @@ struct Tokenizer::Impl {
       if (i + 2 >= parts.size())
         return kNoRank;
       return rank_of(
-          piece.substr(parts[i].start, parts[i + 2].start - parts[i].start));
+          piece.substr(parts[i].start, parts[i + 2].start - parts[i].start),
+          below);
     };
     while (parts.size() > 2) {
       uint32_t best = kNoRank;
@@ -104,9 +100,26 @@ struct Tokenizer::Impl {
       if (at > 0)
         parts[at - 1].rank = pair_rank(at - 1);
     }
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    std::vector<size_t> bounds;
+    for (const auto& p : parts)
+      bounds.push_back(p.start);
+    return bounds;
+  }
+
+  // tiktoken's byte-pair merge over one piece. parts[i] is the start of the
+  // i-th part; rank[i] the rank of parts i and i+1 merged.
+  void merge_piece(std::string_view piece, std::vector<TokenId>& out) const {
+    if (piece.empty())
+      return;
+    auto whole = by_bytes.find(piece);
+    if (whole != by_bytes.end()) {
+      out.push_back(whole->second.id);
+      return;
+    }
+    std::vector<size_t> bounds = merge_bounds(piece, kNoRank);
+    for (size_t i = 0; i + 1 < bounds.size(); ++i) {
       std::string_view bytes =
-          piece.substr(parts[i].start, parts[i + 1].start - parts[i].start);
+          piece.substr(bounds[i], bounds[i + 1] - bounds[i]);
       auto it = by_bytes.find(bytes);
       if (it == by_bytes.end())
         throw UserError(
@@ -255,6 +268,17 @@ const std::string& Tokenizer::pattern() const {
 
 const std::string& Tokenizer::format() const {
   return impl_->format;
+}
+
+std::vector<std::string> Tokenizer::merge_pair(const std::string& bytes) const {
+  auto it = impl_->by_bytes.find(bytes);
+  if (bytes.size() < 2 || it == impl_->by_bytes.end() ||
+      it->second.rank == kNoRank)
+    return {};
+  std::vector<size_t> b = impl_->merge_bounds(bytes, it->second.rank);
+  if (b.size() != 3) // not the merge of exactly two lower-ranked tokens
+    return {};
+  return {bytes.substr(0, b[1]), bytes.substr(b[1])};
 }
 
 std::vector<TokenEntry> Tokenizer::entries() const {

@@ -78,6 +78,10 @@ class Tokenizer {
   const std::string& format() const;
   // Every non-special token, in id order.
   std::vector<TokenEntry> entries() const;
+  // The two tokens whose merge produced `bytes` (BPE over its bytes using
+  // only merges ranked below its own); empty for tokens no merge produces.
+  // This recovers a merges list from a rank file.
+  std::vector<std::string> merge_pair(const std::string& bytes) const;
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
 #include "text/tokenizer_io.h"
 
 #include "core/error.h"
+#include "text/hf_tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -153,15 +154,11 @@ Tokenizer load_tokenizer(const std::string& path) {
   if (!fs::exists(p))
     throw UserError(
         "tokenizer '" + path +
-        "' does not exist; give a folder with a *.tiktoken rank file, or the "
-        "file itself.");
+        "' does not exist; give a folder holding tokenizer.json or a "
+        "*.tiktoken rank file, or the file itself.");
   if (fs::is_directory(p)) {
-    for (const char* name : {"tokenizer.json"})
-      if (fs::exists(p / name))
-        throw UserError(
-            "'" + (p / name).string() +
-            "': Hugging Face tokenizer.json is not supported yet; give a "
-            "tiktoken rank file.");
+    if (fs::exists(p / "tokenizer.json"))
+      return load_hf_tokenizer((p / "tokenizer.json").string());
     for (const auto& e : fs::directory_iterator(p))
       if (e.path().extension() == ".tiktoken")
         return load_tiktoken(e.path().string());
@@ -172,6 +169,8 @@ Tokenizer load_tokenizer(const std::string& path) {
         "' has no tokenizer: expected a *.tiktoken rank file or "
         "tokenizer.model.");
   }
+  if (p.extension() == ".json")
+    return load_hf_tokenizer(path);
   return load_tiktoken(path);
 }
 

@@ -15,8 +15,8 @@ namespace orchard::text {
 // pattern for files named gpt2/r50k/p50k, GPT-4's for the rest.
 Tokenizer load_tiktoken(const std::string& path);
 
-// A folder holding tokenizer.json or a *.tiktoken file (tokenizer.model is
-// tried as tiktoken), or such a file itself.
+// A folder holding tokenizer.json (Hugging Face) or a *.tiktoken file
+// (tokenizer.model is tried as tiktoken), or such a file itself.
 Tokenizer load_tokenizer(const std::string& path);
 
 // RFC 4648 base64 (with padding); throws std::invalid_argument on bad input.

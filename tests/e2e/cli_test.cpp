@@ -233,3 +233,57 @@ TEST(CliTokenizer, InfoAndErrors) {
 
 } // namespace
 } // namespace orchard
+
+namespace orchard {
+namespace {
+
+TEST(CliTokenizer, TrainThenEncode) {
+  test::TempDir dir;
+  std::string corpus;
+  for (int i = 0; i < 300; ++i)
+    corpus += "hello world, tokenizers learn merges from text number " +
+        std::to_string(i) + "\n";
+  dir.write("data/a.txt", corpus);
+  dir.write("data/sub/b.txt", "more words in a nested folder\n");
+  auto r = test::run_orchard(
+      {"tokenizer",
+       "train",
+       "--input",
+       dir.file("data"),
+       "--vocab-size",
+       "400",
+       "--out",
+       dir.file("tok")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Wrote "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 file(s)"), std::string::npos) << r.out;
+  auto info =
+      test::run_orchard({"tokenizer", "info", "--tokenizer", dir.file("tok")});
+  EXPECT_NE(info.out.find("vocab_size: 400"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("<|assistant_start|>"), std::string::npos)
+      << info.out;
+
+  auto bad = test::run_orchard(
+      {"tokenizer",
+       "train",
+       "--input",
+       dir.file("nothing"),
+       "--out",
+       dir.file("t2")});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("does not exist"), std::string::npos) << bad.err;
+  bad = test::run_orchard(
+      {"tokenizer",
+       "train",
+       "--input",
+       dir.file("data"),
+       "--vocab-size",
+       "10",
+       "--out",
+       dir.file("t3")});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("too small"), std::string::npos) << bad.err;
+}
+
+} // namespace
+} // namespace orchard

@@ -181,3 +181,160 @@ TEST(TokenizerFiles, BadRankFilesNameFileAndLine) {
 
 } // namespace
 } // namespace orchard::text
+
+#include "text/hf_tokenizer.h"
+
+namespace orchard::text {
+namespace {
+
+TEST(HfTokenizer, ByteToUnicodeTable) {
+  EXPECT_EQ(bytes_to_unicode(" "), "\xC4\xA0");  // GPT-2's Ġ
+  EXPECT_EQ(bytes_to_unicode("\n"), "\xC4\x8A"); // Ċ
+  EXPECT_EQ(bytes_to_unicode("abc!~"), "abc!~");
+  std::string all;
+  for (int b = 0; b < 256; ++b)
+    all += char(b);
+  EXPECT_EQ(unicode_to_bytes(bytes_to_unicode(all)), all);
+  EXPECT_THROW(unicode_to_bytes("\xE2\x82\xAC"), std::invalid_argument);
+}
+
+// A rank file written as tokenizer.json and read back encodes identically:
+// the merges recovered from ranks are the ones tiktoken applies.
+class HfRoundTrip : public testing::TestWithParam<std::string> {};
+
+TEST_P(HfRoundTrip, SameIdsAsTheRankFile) {
+  const Tokenizer& original = tokenizer(GetParam());
+  test::TempDir dir;
+  save_hf_tokenizer(original, dir.file("tokenizer.json"));
+  Tokenizer hf = load_tokenizer(dir.path().string());
+  EXPECT_EQ(hf.format(), "huggingface");
+  EXPECT_EQ(hf.vocab_size(), original.vocab_size());
+  EXPECT_EQ(hf.special_tokens(), original.special_tokens());
+  auto j = nlohmann::json::parse(test::read_text(dir.file("tokenizer.json")));
+  // Every token but the 256 single bytes is a merge.
+  EXPECT_EQ(j["model"]["merges"].size(), original.entries().size() - 256);
+  auto ref = nlohmann::json::parse(
+      test::read_text(kDir + "/" + GetParam() + "_reference.json"));
+  for (const auto& c : ref["cases"]) {
+    std::string text = c["text"];
+    Allowed allowed =
+        c.contains("allowed_special") ? Allowed::every() : Allowed::none();
+    EXPECT_EQ(hf.encode(text, allowed), c["ids"].get<std::vector<TokenId>>())
+        << text;
+  }
+  std::mt19937 rng(3);
+  for (int i = 0; i < 100; ++i) {
+    std::string s = random_utf8(rng, 80);
+    ASSERT_EQ(hf.encode(s), original.encode(s));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiktoken,
+    HfRoundTrip,
+    testing::Values("gpt2", "cl100k_base"));
+
+TEST(HfTokenizer, BadFilesAreClearErrors) {
+  test::TempDir dir;
+  auto error = [&](const std::string& content) {
+    std::string path = dir.write("t/tokenizer.json", content);
+    try {
+      load_tokenizer(dir.file("t"));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("{oops").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error("{}").find("no \"model\""), std::string::npos);
+  EXPECT_NE(
+      error(R"({"model":{"type":"Unigram","vocab":[]}})")
+          .find("'Unigram' is not supported"),
+      std::string::npos);
+  EXPECT_NE(
+      error(
+          R"({"model":{"type":"BPE","vocab":{"a":0}},"pre_tokenizer":{"type":"Metaspace"}})")
+          .find("not ByteLevel"),
+      std::string::npos);
+  EXPECT_NE(
+      error(R"({"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a c"]},)"
+            R"("pre_tokenizer":{"type":"ByteLevel"}})")
+          .find("the vocab lacks"),
+      std::string::npos);
+}
+
+} // namespace
+} // namespace orchard::text
+
+#include "text/bpe_train.h"
+
+namespace orchard::text {
+namespace {
+
+// Hand-worked: pieces "ab", " ab", " ab", " cd". Pair counts: (a,b) 3,
+// (' ',a) 2, (' ',c) 1, (c,d) 1. Merge 1: "ab" (3). Then (' ',ab) 2:
+// " ab". Then a tie at 1 between (' ',c) and (c,d): the smaller pair of
+// ids wins, (32,99): " c". Then (" c", d): " cd".
+TEST(BpeTrain, HandWorkedMerges) {
+  BpeTrainer trainer(
+      {.vocab_size = 256 + 4 + 1, .special_tokens = {"<|bos|>"}});
+  trainer.add_text("ab ab ab cd");
+  BpeTrainStats stats;
+  Tokenizer tok = trainer.train(&stats);
+  EXPECT_EQ(stats.unique_pieces, 3u);
+  EXPECT_EQ(stats.merges, 4u);
+  std::string s;
+  ASSERT_TRUE(tok.token_bytes(256, s));
+  EXPECT_EQ(s, "ab");
+  ASSERT_TRUE(tok.token_bytes(257, s));
+  EXPECT_EQ(s, " ab");
+  ASSERT_TRUE(tok.token_bytes(258, s));
+  EXPECT_EQ(s, " c");
+  ASSERT_TRUE(tok.token_bytes(259, s));
+  EXPECT_EQ(s, " cd");
+  EXPECT_EQ(tok.special_id("<|bos|>"), 260u);
+  EXPECT_EQ(tok.vocab_size(), 261u);
+  EXPECT_EQ(tok.encode("ab ab cd"), (std::vector<TokenId>{256, 257, 259}));
+}
+
+TEST(BpeTrain, StopsWhenNothingIsLeftToMerge) {
+  BpeTrainer trainer({.vocab_size = 1000});
+  trainer.add_text("abc");
+  BpeTrainStats stats;
+  Tokenizer tok = trainer.train(&stats);
+  EXPECT_EQ(stats.merges, 2u); // "ab" (or "bc"), then "abc"
+  EXPECT_EQ(tok.encode("abc").size(), 1u);
+  EXPECT_THROW(BpeTrainer({.vocab_size = 100}), UserError);
+}
+
+TEST(BpeTrain, TrainedTokenizerRoundTripsAndSavesAsHuggingFace) {
+  BpeTrainer trainer({.vocab_size = 600});
+  std::mt19937 rng(5);
+  std::string corpus;
+  for (int i = 0; i < 200; ++i)
+    corpus += "The quick brown fox jumps over the lazy dog " +
+        std::to_string(i) + ". " + random_utf8(rng, 20) + "\n";
+  trainer.add_text(corpus);
+  Tokenizer tok = trainer.train();
+  EXPECT_EQ(tok.vocab_size(), 600u);
+  EXPECT_EQ(tok.special_tokens().size(), orchard_special_tokens().size());
+  EXPECT_EQ(tok.special_id("<|bos|>"), 600u - 7);
+  auto ids = tok.encode(corpus);
+  // It learned the repeated words: one token each, where bytes were 43.
+  EXPECT_EQ(tok.encode("The quick brown fox jumps over the lazy dog").size(), 9u);
+  EXPECT_EQ(tok.decode(ids), corpus);
+  for (int i = 0; i < 100; ++i) {
+    std::string s = random_utf8(rng, 50);
+    ASSERT_EQ(tok.decode(tok.encode(s)), s);
+  }
+  test::TempDir dir;
+  save_hf_tokenizer(tok, dir.file("tokenizer.json"));
+  Tokenizer again = load_tokenizer(dir.path().string());
+  EXPECT_EQ(again.encode(corpus), ids);
+  EXPECT_EQ(
+      again.encode("<|bos|>hi", Allowed::every()).front(),
+      *tok.special_id("<|bos|>"));
+}
+
+} // namespace
+} // namespace orchard::text
