@@ -16,6 +16,17 @@ step "python safetensors fixtures"
 python3 -c 'import torch, safetensors, transformers; print("torch", torch.__version__, "safetensors", safetensors.__version__, "cuda", torch.cuda.is_available())'
 python3 $FIX/make_fixtures.py $FIX || status=1
 
+# PCRE2 (and cpp-httplib) are missing on that machine: unpack the Debian
+# packages ../shared/device/fetch-debs.sh put in .device-debs (carried).
+if ls .device-debs/*.deb >/dev/null 2>&1; then
+  D=$(mktemp -d); for f in .device-debs/*.deb; do dpkg -x "$f" "$D"; done
+  export PKG_CONFIG_PATH=$D/usr/lib/x86_64-linux-gnu/pkgconfig
+  export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  # The .pc files say prefix=/usr: point the compiler and linker there too.
+  export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
+  EXTRA_PREFIX=$D/usr
+fi
+
 step "configure + build"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 start=$(date +%s)
@@ -34,6 +45,18 @@ python3 $FIX/make_fixtures.py --verify $FIX/orchard_written.safetensors || statu
 step "ctest"
 (cd build-cuda && ctest --output-on-failure -j8 > "$OUT/ctest.log" 2>&1) || status=1
 tail -5 "$OUT/ctest.log"; grep -E "Failed|FAILED" "$OUT/ctest.log" | head -20
+
+step "Hugging Face tokenizers reads Orchard's tokenizer.json"
+HF=$(mktemp -d)
+ORCHARD_HF_OUT=$HF ./build-cuda/orchard_tests --gtest_filter='*HfRoundTrip*' > /dev/null 2>&1
+for enc in gpt2 cl100k_base; do
+  python3 tests/fixtures/tokenizers/check_hf.py ./build-cuda/orchard $HF/$enc \
+    tests/fixtures/tokenizers/${enc}_reference.json 1 || status=1
+done
+cat src/*/*.cpp src/*/*.h > $HF/corpus.txt
+./build-cuda/orchard tokenizer train --input $HF/corpus.txt --vocab-size 2000 --out $HF/trained | tail -2
+python3 tests/fixtures/tokenizers/check_hf.py ./build-cuda/orchard $HF/trained \
+  tests/fixtures/tokenizers/cl100k_base_reference.json || status=1
 
 step "orchard doctor"
 ./build-cuda/orchard doctor; echo "doctor exit $?"

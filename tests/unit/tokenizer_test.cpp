@@ -206,6 +206,12 @@ TEST_P(HfRoundTrip, SameIdsAsTheRankFile) {
   const Tokenizer& original = tokenizer(GetParam());
   test::TempDir dir;
   save_hf_tokenizer(original, dir.file("tokenizer.json"));
+  // For scripts/device_ci.sh: Hugging Face `tokenizers` checks this file.
+  if (const char* out = std::getenv("ORCHARD_HF_OUT")) {
+    std::filesystem::create_directories(std::string(out) + "/" + GetParam());
+    save_hf_tokenizer(
+        original, std::string(out) + "/" + GetParam() + "/tokenizer.json");
+  }
   Tokenizer hf = load_tokenizer(dir.path().string());
   EXPECT_EQ(hf.format(), "huggingface");
   EXPECT_EQ(hf.vocab_size(), original.vocab_size());
@@ -321,7 +327,8 @@ TEST(BpeTrain, TrainedTokenizerRoundTripsAndSavesAsHuggingFace) {
   EXPECT_EQ(tok.special_id("<|bos|>"), 600u - 7);
   auto ids = tok.encode(corpus);
   // It learned the repeated words: one token each, where bytes were 43.
-  EXPECT_EQ(tok.encode("The quick brown fox jumps over the lazy dog").size(), 9u);
+  EXPECT_EQ(
+      tok.encode("The quick brown fox jumps over the lazy dog").size(), 9u);
   EXPECT_EQ(tok.decode(ids), corpus);
   for (int i = 0; i < 100; ++i) {
     std::string s = random_utf8(rng, 50);
