@@ -35,13 +35,13 @@ python_torch_prefix() {
 DEBIAN_PACKAGES=(
   g++ cmake ninja-build pkg-config git
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev wordnet-base
 )
 # Debian's libtorch is CPU-only and uses the system BLAS: the OpenMP build of
 # OpenBLAS is required (with the reference BLAS training is ~20x slower).
 DEBIAN_TORCH_PACKAGES=(libtorch-dev libopenblas0-openmp)
 
-BREW_PACKAGES=(cmake ninja pytorch yaml-cpp nlohmann-json cli11 cpp-httplib pcre2 googletest google-benchmark)
+BREW_PACKAGES=(cmake ninja pytorch yaml-cpp nlohmann-json cli11 cpp-httplib pcre2 googletest google-benchmark wordnet)
 
 setup_debian() {
   local wanted=("${DEBIAN_PACKAGES[@]}")

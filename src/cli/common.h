@@ -60,5 +60,6 @@ struct Command {
 Command register_doctor(CLI::App& root);
 Command register_config(CLI::App& root);
 Command register_tokenizer(CLI::App& root);
+Command register_data(CLI::App& root);
 
 } // namespace orchard::cli

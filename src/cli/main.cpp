@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
       cli::register_doctor(app),
       cli::register_config(app),
       cli::register_tokenizer(app),
+      cli::register_data(app),
   };
   try {
     configure_cpu_threads();

@@ -319,6 +319,16 @@ MachineFacts simulated_machine(const std::string& kind, double memory_gb) {
   return m;
 }
 
+std::string default_data_dir(const EnvLookup& env) {
+  if (auto v = env("ORCHARD_HOME"); v && !v->empty())
+    return *v;
+  if (auto v = env("XDG_CACHE_HOME"); v && !v->empty())
+    return *v + "/orchard";
+  if (auto v = env("HOME"); v && !v->empty())
+    return *v + "/.cache/orchard";
+  return ".orchard-cache";
+}
+
 int configure_cpu_threads(const EnvLookup& env) {
   int n = 0;
   if (auto v = env("OMP_NUM_THREADS"))

@@ -82,6 +82,10 @@ MachineFacts simulated_machine(const std::string& kind, double memory_gb);
 
 std::string format_bytes(uint64_t bytes); // "15.6 GiB"
 
+// Where prepared data (tokenizers, shards, corpora) is cached: $ORCHARD_HOME,
+// else ~/.cache/orchard (XDG_CACHE_HOME respected).
+std::string default_data_dir(const EnvLookup& env = process_env());
+
 // Threads for CPU tensor work: OMP_NUM_THREADS when set, else every core the
 // process may run on. Debian's libtorch otherwise starts with one thread.
 // Returns the count applied.

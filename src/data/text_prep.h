@@ -1,0 +1,47 @@
+// Text files -> token shards: `orchard data text`.
+//
+// Documents: each .jsonl line {"text": ...} is one, any other file is one
+// whole. Each document starts with the tokenizer's BOS token (<|bos|>, or
+// <|endoftext|> / <|begin_of_text|> for foreign tokenizers). Every
+// round(1 / val_fraction)-th document, starting with the first, goes to
+// validation, so the split is deterministic and never empty.
+#pragma once
+
+#include "text/tokenizer.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace orchard::data {
+
+struct TextPrepOptions {
+  std::vector<std::string> inputs; // files or folders
+  std::string out;
+  std::string name; // "": the first input's name
+  double val_fraction = 0.005;
+  // "auto": split by val_fraction; "train" / "val": every document there
+  // (for corpora that come already split, like the WordNet one).
+  std::string split = "auto";
+  size_t shard_tokens = 100'000'000; // modded-nanogpt's shard size
+  std::string tokenizer_path;        // recorded in the meta file
+};
+
+struct TextPrepStats {
+  size_t files = 0, documents = 0, train_documents = 0, val_documents = 0;
+  uint64_t bytes = 0, train_tokens = 0, val_tokens = 0;
+  std::vector<std::string> train_files, val_files;
+};
+
+// The BOS id documents start with; UserError when the tokenizer has none.
+text::TokenId bos_id(const text::Tokenizer& tok);
+
+// Every regular file under `inputs`, folders walked recursively, sorted.
+std::vector<std::string> list_input_files(
+    const std::vector<std::string>& inputs);
+
+TextPrepStats prepare_text(
+    const text::Tokenizer& tok,
+    const TextPrepOptions& opt);
+
+} // namespace orchard::data
