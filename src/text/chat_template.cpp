@@ -1,0 +1,236 @@
+#include "text/chat_template.h"
+
+#include "core/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace orchard::text {
+namespace {
+
+const char* const kFamilies = "llama3|chatml|mistral|orchard";
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r\n");
+  size_t b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+// Accumulates ids and mask.
+struct Builder {
+  const Tokenizer& tok;
+  Rendered out;
+  void text(const std::string& s, uint8_t m) {
+    size_t before = out.ids.size();
+    tok.encode_ordinary(s, out.ids);
+    out.mask.resize(out.ids.size(), m);
+    (void)before;
+  }
+  void token(TokenId id, uint8_t m) {
+    out.ids.push_back(id);
+    out.mask.push_back(m);
+  }
+};
+
+} // namespace
+
+ChatFamily parse_chat_family(const std::string& name) {
+  if (name == "orchard")
+    return ChatFamily::Orchard;
+  if (name == "llama3")
+    return ChatFamily::Llama3;
+  if (name == "chatml")
+    return ChatFamily::ChatML;
+  if (name == "mistral")
+    return ChatFamily::Mistral;
+  throw UserError(
+      "chat_template='" + name + "' is not a template family; use one of " +
+      kFamilies + ".");
+}
+
+std::string chat_family_name(ChatFamily f) {
+  switch (f) {
+    case ChatFamily::Orchard:
+      return "orchard";
+    case ChatFamily::Llama3:
+      return "llama3";
+    case ChatFamily::ChatML:
+      return "chatml";
+    case ChatFamily::Mistral:
+      return "mistral";
+  }
+  return "?";
+}
+
+ChatFamily detect_chat_family(const std::string& dir, const Tokenizer& tok) {
+  namespace fs = std::filesystem;
+  fs::path config = fs::path(dir) / "tokenizer_config.json";
+  if (fs::is_directory(dir) && fs::exists(config)) {
+    std::ifstream in(config);
+    auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded())
+      throw UserError("'" + config.string() + "' is not valid JSON.");
+    std::string tmpl;
+    if (j.contains("chat_template") && j["chat_template"].is_string())
+      tmpl = j["chat_template"];
+    else if (j.contains("chat_template") && j["chat_template"].is_array())
+      for (const auto& t : j["chat_template"]) // [{name, template}, ...]
+        if (t.value("name", "") == "default")
+          tmpl = t.value("template", "");
+    if (!tmpl.empty()) {
+      if (tmpl.find("<|start_header_id|>") != std::string::npos)
+        return ChatFamily::Llama3;
+      if (tmpl.find("<|im_start|>") != std::string::npos)
+        return ChatFamily::ChatML;
+      if (tmpl.find("[INST]") != std::string::npos)
+        return ChatFamily::Mistral;
+      if (tmpl.find("<|user_start|>") != std::string::npos)
+        return ChatFamily::Orchard;
+      throw UserError(
+          "the chat_template in '" + config.string() +
+          "' is not one Orchard knows (families: llama3, chatml, mistral, "
+          "orchard); choose one with chat_template=" +
+          kFamilies + ".");
+    }
+  }
+  if (tok.special_id("<|user_start|>"))
+    return ChatFamily::Orchard;
+  if (tok.special_id("<|start_header_id|>"))
+    return ChatFamily::Llama3;
+  if (tok.special_id("<|im_start|>"))
+    return ChatFamily::ChatML;
+  if (tok.special_id("[INST]"))
+    return ChatFamily::Mistral;
+  throw UserError(
+      "cannot tell the chat template of tokenizer '" + dir +
+      "' (no tokenizer_config.json chat_template, no known chat tokens); "
+      "choose one with chat_template=" +
+      kFamilies + ".");
+}
+
+ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer& tok)
+    : family_(family), tok_(tok) {
+  std::vector<std::string> needed;
+  switch (family) {
+    case ChatFamily::Orchard:
+      needed = {
+          "<|bos|>",
+          "<|user_start|>",
+          "<|user_end|>",
+          "<|assistant_start|>",
+          "<|assistant_end|>"};
+      break;
+    case ChatFamily::Llama3:
+      needed = {
+          "<|begin_of_text|>",
+          "<|start_header_id|>",
+          "<|end_header_id|>",
+          "<|eot_id|>"};
+      break;
+    case ChatFamily::ChatML:
+      needed = {"<|im_start|>", "<|im_end|>"};
+      break;
+    case ChatFamily::Mistral:
+      needed = {"<s>", "</s>"};
+      break;
+  }
+  for (const auto& s : needed)
+    if (!tok.special_id(s))
+      throw UserError(
+          "the " + chat_family_name(family) +
+          " chat template needs the "
+          "special token " +
+          s +
+          ", which this tokenizer lacks; pick the "
+          "template that matches the tokenizer (chat_template=" +
+          kFamilies + ").");
+}
+
+TokenId ChatTemplate::special(const std::string& text) const {
+  return *tok_.special_id(text);
+}
+
+Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
+  if (messages.empty())
+    throw UserError("the conversation has no messages.");
+  for (const auto& m : messages)
+    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+      throw UserError(
+          "unknown role '" + m.role +
+          "' (expected system, user or assistant).");
+  Builder b{tok_, {}};
+  switch (family_) {
+    case ChatFamily::Orchard: {
+      b.token(special("<|bos|>"), 0);
+      for (const auto& m : messages) {
+        bool assistant = m.role == "assistant";
+        if (m.role == "system" && !tok_.special_id("<|system_start|>")) {
+          // Older Orchard tokenizers: the system text opens the first turn.
+          b.token(special("<|user_start|>"), 0);
+          b.text(m.content, 0);
+          b.token(special("<|user_end|>"), 0);
+          continue;
+        }
+        b.token(special("<|" + m.role + "_start|>"), 0);
+        b.text(m.content, assistant);
+        b.token(special("<|" + m.role + "_end|>"), assistant);
+      }
+      break;
+    }
+    case ChatFamily::Llama3: {
+      b.token(special("<|begin_of_text|>"), 0);
+      for (const auto& m : messages) {
+        bool assistant = m.role == "assistant";
+        b.token(special("<|start_header_id|>"), 0);
+        b.text(m.role, 0);
+        b.token(special("<|end_header_id|>"), 0);
+        b.text("\n\n", 0);
+        b.text(trim(m.content), assistant); // the official template trims
+        b.token(special("<|eot_id|>"), assistant);
+      }
+      break;
+    }
+    case ChatFamily::ChatML: {
+      for (const auto& m : messages) {
+        bool assistant = m.role == "assistant";
+        b.token(special("<|im_start|>"), 0);
+        b.text(m.role + "\n", 0);
+        b.text(m.content, assistant);
+        b.token(special("<|im_end|>"), assistant);
+        b.text("\n", 0);
+      }
+      break;
+    }
+    case ChatFamily::Mistral: {
+      // No system role: it opens the first user message, as Mistral's
+      // template does.
+      b.token(special("<s>"), 0);
+      std::string system;
+      for (const auto& m : messages) {
+        if (m.role == "system") {
+          system += m.content + "\n\n";
+        } else if (m.role == "user") {
+          if (auto inst = tok_.special_id("[INST]"))
+            b.token(*inst, 0);
+          else
+            b.text("[INST]", 0);
+          b.text(" " + system + m.content + " ", 0);
+          system.clear();
+          if (auto inst = tok_.special_id("[/INST]"))
+            b.token(*inst, 0);
+          else
+            b.text("[/INST]", 0);
+        } else {
+          b.text(m.content, 1);
+          b.token(special("</s>"), 1);
+        }
+      }
+      break;
+    }
+  }
+  return std::move(b.out);
+}
+
+} // namespace orchard::text
