@@ -2,8 +2,10 @@
 // src/data, print the summary.
 #include "cli/common.h"
 #include "core/error.h"
+#include "data/chat_prep.h"
 #include "data/text_prep.h"
 #include "data/wordnet.h"
+#include "text/chat_template.h"
 #include "text/tokenizer_io.h"
 
 #include <cstdio>
@@ -43,6 +45,46 @@ Command register_data(CLI::App& root) {
           "--split", text_opt->split, "auto (by --val-fraction), train or val")
       ->capture_default_str();
 
+  auto chat_opt = std::make_shared<data::ChatPrepOptions>();
+  auto chat_tok = std::make_shared<std::string>();
+  auto chat_family = std::make_shared<std::string>();
+  CLI::App* chat = app->add_subcommand(
+      "chat", "Tokenize conversations into ids + loss masks (.chat)");
+  chat->add_option(
+          "--input",
+          chat_opt->inputs,
+          "JSONL or JSON-array chat files, or folders")
+      ->required();
+  chat->add_option("--tokenizer", *chat_tok, "tokenizer folder or file")
+      ->required();
+  chat->add_option("--out", chat_opt->out, "output folder")->required();
+  chat->add_option(
+      "--name", chat_opt->name, "output name (default: the first input's)");
+  chat->add_option(
+          "--format",
+          chat_opt->format,
+          "auto|messages|sharegpt|completion|text")
+      ->capture_default_str();
+  chat->add_option(
+      "--chat-template",
+      *chat_family,
+      "llama3|chatml|mistral|orchard (default: detect)");
+  chat->add_option(
+          "--max-length",
+          chat_opt->max_length,
+          "tokens per conversation; longer ones are truncated")
+      ->capture_default_str();
+  chat->add_option(
+      "--subsample-size",
+      chat_opt->subsample,
+      "keep N conversations, chosen by --seed");
+  chat->add_option("--seed", chat_opt->seed, "seed for --subsample-size")
+      ->capture_default_str();
+  chat->add_flag(
+      "--skip-bad",
+      chat_opt->skip_bad,
+      "count and skip bad records instead of stopping");
+
   auto wn_opt = std::make_shared<data::WordnetOptions>();
   CLI::App* wordnet = app->add_subcommand(
       "wordnet", "Build the default corpus (text + chat) from WordNet");
@@ -75,6 +117,32 @@ Command register_data(CLI::App& root) {
                   (unsigned long long)st.val_tokens,
                   st.val_files.size(),
                   text_opt->out.c_str());
+            } else if (chat->parsed()) {
+              auto tok = text::load_tokenizer(*chat_tok);
+              auto family = chat_family->empty()
+                  ? text::detect_chat_family(*chat_tok, tok)
+                  : text::parse_chat_family(*chat_family);
+              text::ChatTemplate tmpl(family, tok);
+              auto st = data::prepare_chat(tok, tmpl, *chat_opt);
+              std::printf(
+                  "%zu record(s) from %zu file(s) (%s template): wrote %zu "
+                  "conversations, %llu tokens (%llu trained on), %zu truncated "
+                  "to %zu tokens, %zu bad record(s) skipped.\nWrote %s\n",
+                  st.records,
+                  st.files,
+                  text::chat_family_name(family).c_str(),
+                  st.written,
+                  (unsigned long long)st.tokens,
+                  (unsigned long long)st.trained_tokens,
+                  st.truncated,
+                  chat_opt->max_length,
+                  st.bad,
+                  st.path.c_str());
+              for (const auto& e : st.bad_examples)
+                std::printf("  skipped: %s\n", e.c_str());
+              if (st.bad > st.bad_examples.size())
+                std::printf(
+                    "  ... and %zu more\n", st.bad - st.bad_examples.size());
             } else if (wordnet->parsed()) {
               if (wn_opt->out.empty())
                 wn_opt->out = default_data_dir() + "/wordnet";
