@@ -43,7 +43,17 @@ TEST_P(Reference, EncodesExactlyAsTiktoken) {
 INSTANTIATE_TEST_SUITE_P(
     Tiktoken,
     Reference,
-    testing::Values("gpt2", "cl100k_base"));
+    testing::Values("gpt2", "cl100k_base", "llama3"));
+
+TEST(Tokenizer, Llama3Specials) {
+  const Tokenizer& tok = tokenizer("llama3");
+  EXPECT_EQ(tok.vocab_size(), 128256u);
+  EXPECT_EQ(tok.special_id("<|begin_of_text|>"), 128000u);
+  EXPECT_EQ(tok.special_id("<|eot_id|>"), 128009u);
+  EXPECT_EQ(
+      tok.encode("<|start_header_id|>user<|end_header_id|>", Allowed::every()),
+      (std::vector<TokenId>{128006, 882, 128007}));
+}
 
 TEST(Tokenizer, VocabularyAndSpecials) {
   const Tokenizer& gpt2 = tokenizer("gpt2");
