@@ -287,3 +287,132 @@ TEST(CliTokenizer, TrainThenEncode) {
 
 } // namespace
 } // namespace orchard
+
+namespace orchard {
+namespace {
+
+// The whole data path from the command line: WordNet corpus, a tokenizer
+// trained on it, text shards and chat data.
+TEST(CliData, WordnetToShardsAndChat) {
+  test::TempDir dir;
+  // A two-synset WordNet in the wndb(5) format.
+  dir.write(
+      "wn/data.noun",
+      "00217499 04 n 01 disaster 0 001 @ 00217014 n 0000 | an act that has "
+      "disastrous consequences  \n"
+      "00217593 04 n 01 kill 1 001 @ 00217014 n 0000 | the destruction of an "
+      "enemy plane; \"the pilot reported two kills\"  \n");
+  for (const char* f : {"data.verb", "data.adj", "data.adv"})
+    dir.write(std::string("wn/") + f, "");
+  auto wn = test::run_orchard(
+      {"data",
+       "wordnet",
+       "--wordnet-dir",
+       dir.file("wn"),
+       "--out",
+       dir.file("corpus"),
+       "--val-fraction",
+       "0"});
+  ASSERT_EQ(wn.exit_code, 0) << wn.err;
+  EXPECT_NE(wn.out.find("2 synsets"), std::string::npos) << wn.out;
+
+  auto tok = test::run_orchard(
+      {"tokenizer",
+       "train",
+       "--input",
+       dir.file("corpus/text_train.jsonl"),
+       "--vocab-size",
+       "300",
+       "--out",
+       dir.file("tok")});
+  ASSERT_EQ(tok.exit_code, 0) << tok.err;
+
+  auto text = test::run_orchard(
+      {"data",
+       "text",
+       "--input",
+       dir.file("corpus/text_train.jsonl"),
+       "--tokenizer",
+       dir.file("tok"),
+       "--out",
+       dir.file("shards"),
+       "--name",
+       "wn",
+       "--split",
+       "train"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("train 2 docs"), std::string::npos) << text.out;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("shards/wn_train_000000.bin")));
+
+  auto chat = test::run_orchard(
+      {"data",
+       "chat",
+       "--input",
+       dir.file("corpus/chat_train.jsonl"),
+       "--tokenizer",
+       dir.file("tok"),
+       "--out",
+       dir.file("chat")});
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  EXPECT_NE(chat.out.find("wrote 3 conversations"), std::string::npos)
+      << chat.out;
+  EXPECT_NE(chat.out.find("orchard template"), std::string::npos) << chat.out;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("chat/chat_train.chat")));
+
+  // Bad input: exit 1 with file:line; --skip-bad counts instead.
+  std::string bad = dir.write(
+      "bad.jsonl",
+      R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})"
+      "\n"
+      R"({"messages":[{"role":"robot","content":"x"}]})"
+      "\n");
+  auto stop = test::run_orchard(
+      {"data",
+       "chat",
+       "--input",
+       bad,
+       "--tokenizer",
+       dir.file("tok"),
+       "--out",
+       dir.file("c2")});
+  EXPECT_EQ(stop.exit_code, 1);
+  EXPECT_NE(
+      stop.err.find("bad.jsonl:2: unknown role 'robot'"), std::string::npos)
+      << stop.err;
+  auto skip = test::run_orchard(
+      {"data",
+       "chat",
+       "--input",
+       bad,
+       "--tokenizer",
+       dir.file("tok"),
+       "--out",
+       dir.file("c2"),
+       "--skip-bad"});
+  EXPECT_EQ(skip.exit_code, 0) << skip.err;
+  EXPECT_NE(skip.out.find("1 bad record(s) skipped"), std::string::npos)
+      << skip.out;
+
+  auto missing =
+      test::run_orchard({"data", "wordnet", "--wordnet-dir", dir.file("none")});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("no WordNet data"), std::string::npos)
+      << missing.err;
+  auto unknown = test::run_orchard(
+      {"data",
+       "chat",
+       "--input",
+       bad,
+       "--tokenizer",
+       dir.file("tok"),
+       "--out",
+       dir.file("c3"),
+       "--chat-template",
+       "alpaca"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(
+      unknown.err.find("llama3|chatml|mistral|orchard"), std::string::npos);
+}
+
+} // namespace
+} // namespace orchard
