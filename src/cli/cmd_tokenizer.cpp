@@ -4,6 +4,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "data/text_prep.h"
 #include "text/bpe_train.h"
 #include "text/hf_tokenizer.h"
 #include "text/tokenizer_io.h"
@@ -55,32 +56,9 @@ struct TrainArgs {
   std::string out;
 };
 
-// Every regular file under the inputs, sorted (so runs are reproducible).
-std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  for (const auto& in : inputs) {
-    if (!fs::exists(in))
-      throw UserError("--input '" + in + "' does not exist.");
-    if (fs::is_directory(in)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::recursive_directory_iterator(in))
-        if (e.is_regular_file())
-          found.push_back(e.path().string());
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.push_back(in);
-    }
-  }
-  if (files.empty())
-    throw UserError("--input names no files to train on.");
-  return files;
-}
-
 void run_train(const TrainArgs& a) {
   namespace fs = std::filesystem;
-  auto files = input_files(a.inputs);
+  auto files = data::list_input_files(a.inputs);
   text::BpeTrainer trainer({.vocab_size = a.vocab_size});
   std::cout << "Counting pieces in " << files.size() << " file(s)...\n"
             << std::flush;

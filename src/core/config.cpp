@@ -1,7 +1,7 @@
 #include "core/config.h"
 
-#include "core/files.h"
 #include "core/error.h"
+#include "core/files.h"
 
 #include <yaml-cpp/yaml.h>
 

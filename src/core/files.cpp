@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
@@ -85,6 +86,41 @@ bool remove_tree(const std::string& path) {
     ::closedir(dir);
   }
   return ::rmdir(path.c_str()) == 0 && ok;
+}
+
+std::shared_ptr<MappedFile> MappedFile::open(
+    const std::string& path,
+    const std::string& what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw UserError(
+        "cannot open " + what + " '" + path + "': " + std::strerror(errno) +
+        ".");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UserError("'" + path + "' is not a regular file.");
+  }
+  std::shared_ptr<MappedFile> m(new MappedFile);
+  m->size_ = static_cast<size_t>(st.st_size);
+  if (m->size_ > 0) {
+    void* base =
+        ::mmap(nullptr, m->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (base == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      throw UserError(
+          "cannot map " + what + " '" + path + "': " + std::strerror(err));
+    }
+    m->base_ = base;
+  }
+  ::close(fd);
+  return m;
+}
+
+MappedFile::~MappedFile() {
+  if (base_)
+    ::munmap(base_, size_);
 }
 
 } // namespace orchard

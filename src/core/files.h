@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace orchard {
@@ -29,5 +30,30 @@ void write_all(int fd, const void* data, size_t size, const std::string& path);
 // PyTorch 2.x's libtorch.so exports its own copy of remove_all, the dynamic
 // linker binds ours to it, and it crashes (seen with PyTorch 2.11).
 bool remove_tree(const std::string& path);
+
+// A whole file mapped into memory, private and copy-on-write: views into it
+// may be written without touching the file. Keep the shared_ptr alive as
+// long as any view. Throws UserError naming `what` and the path when the
+// file cannot be opened or is not a regular file.
+class MappedFile {
+ public:
+  static std::shared_ptr<MappedFile> open(
+      const std::string& path,
+      const std::string& what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  char* data() const {
+    return static_cast<char*>(base_);
+  }
+  size_t size() const {
+    return size_;
+  }
+
+ private:
+  MappedFile() = default;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+};
 
 } // namespace orchard

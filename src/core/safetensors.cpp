@@ -1,12 +1,8 @@
 #include "core/safetensors.h"
 
-#include "core/files.h"
 #include "core/error.h"
+#include "core/files.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -120,48 +116,19 @@ TensorInfo parse_entry(
 
 } // namespace
 
-struct File::Mapping {
-  void* base = nullptr;
-  size_t size = 0;
-  ~Mapping() {
-    if (base && size)
-      ::munmap(base, size);
-  }
-};
-
 File File::open(const std::string& path) {
   File f;
   f.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw UserError(
-        "cannot open safetensors file '" + path + "': " + std::strerror(errno) +
-        ".");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw UserError("'" + path + "' is not a regular file.");
-  }
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
+  // Private and writable: tensors may be modified in place by callers
+  // without touching the file (the pages are copied on write).
+  f.map_ = MappedFile::open(path, "safetensors file");
+  uint64_t size = f.map_->size();
+  if (size < 8)
     corrupt(
         path,
         "it is " + std::to_string(size) +
             " bytes long, too short to hold the 8-byte header length");
-  }
-  f.map_ = std::make_shared<Mapping>();
-  // Private and writable: tensors may be modified in place by callers
-  // without touching the file (the pages are copied on write).
-  void* base =
-      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED)
-    throw UserError(
-        "cannot map safetensors file '" + path + "': " + std::strerror(errno));
-  f.map_->base = base;
-  f.map_->size = size;
-  const auto* bytes = static_cast<const unsigned char*>(base);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(f.map_->data());
 
   uint64_t header_len = read_le64(bytes);
   if (header_len > kMaxHeaderBytes)
@@ -256,7 +223,7 @@ const TensorInfo& File::info(const std::string& name) const {
 torch::Tensor File::get(const std::string& name) const {
   const TensorInfo& t = info(name);
   const DtypeEntry* d = find_dtype(t.dtype);
-  auto* base = static_cast<char*>(map_->base);
+  char* base = map_->data();
   uint64_t header_len = read_le64(reinterpret_cast<unsigned char*>(base));
   char* data = base + 8 + header_len + t.begin;
   // Bytes of a bool tensor may hold any value; torch requires 0 or 1.

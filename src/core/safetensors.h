@@ -13,6 +13,8 @@
 // Writing is atomic (temporary file, fsync, rename).
 #pragma once
 
+#include "core/files.h"
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -56,9 +58,8 @@ class File {
   torch::Tensor get(const std::string& name) const;
 
  private:
-  struct Mapping;
   std::string path_;
-  std::shared_ptr<Mapping> map_;
+  std::shared_ptr<MappedFile> map_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;

@@ -3,11 +3,6 @@
 #include "core/error.h"
 #include "core/files.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cstring>
 
 namespace orchard::data {
@@ -43,15 +38,6 @@ void write_chat_file(
   });
 }
 
-struct ChatFile::Mapping {
-  void* base = nullptr;
-  size_t size = 0;
-  ~Mapping() {
-    if (base && size)
-      ::munmap(base, size);
-  }
-};
-
 ChatFile ChatFile::open(const std::string& path) {
   ChatFile f;
   f.path_ = path;
@@ -60,24 +46,11 @@ ChatFile ChatFile::open(const std::string& path) {
         "chat data file '" + path + "': " + what +
         "; re-create it with `orchard data chat`.");
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw UserError("cannot open chat data file '" + path + "'.");
-  struct stat st {};
-  ::fstat(fd, &st);
-  size_t size = size_t(st.st_size);
-  if (size < kHeader) {
-    ::close(fd);
+  f.map_ = MappedFile::open(path, "chat data file");
+  size_t size = f.map_->size();
+  if (size < kHeader)
     throw bad("too short for the header");
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED)
-    throw UserError("cannot map chat data file '" + path + "'.");
-  f.map_ = std::make_shared<Mapping>();
-  f.map_->base = base;
-  f.map_->size = size;
-  const char* p = static_cast<const char*>(base);
+  const char* p = f.map_->data();
   if (std::memcmp(p, kMagic, 8) != 0)
     throw bad("not an Orchard chat file (magic)");
   uint32_t version;

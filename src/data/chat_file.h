@@ -13,6 +13,8 @@
 //   ...     1 * T          mask (uint8: 1 = learn to produce this token)
 #pragma once
 
+#include "core/files.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,9 +54,8 @@ class ChatFile {
   }
 
  private:
-  struct Mapping;
   std::string path_;
-  std::shared_ptr<Mapping> map_;
+  std::shared_ptr<MappedFile> map_;
   size_t count_ = 0, total_ = 0;
   const uint64_t* offsets_ = nullptr;
   const uint32_t* ids_ = nullptr;

@@ -1,6 +1,7 @@
 #include "data/chat_prep.h"
 
 #include "core/error.h"
+#include "data/loader.h"
 #include "data/text_prep.h"
 
 #include <nlohmann/json.hpp>
@@ -87,13 +88,6 @@ std::vector<text::Message> to_messages(
       }))
     throw BadRecord{"the conversation has no assistant message to learn from"};
   return msgs;
-}
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 } // namespace
@@ -231,18 +225,12 @@ ChatPrepStats prepare_chat(
     }
   }
   if (opt.subsample > 0 && opt.subsample < convs.size()) {
-    // Partial Fisher-Yates with our own generator: the same subset on every
-    // platform for the same seed.
-    std::vector<size_t> idx(convs.size());
-    for (size_t i = 0; i < idx.size(); ++i)
-      idx[i] = i;
-    uint64_t state = opt.seed;
-    for (size_t i = 0; i < opt.subsample; ++i)
-      std::swap(idx[i], idx[i + splitmix64(state) % (idx.size() - i)]);
+    // Orchard's own permutation: the same subset on every platform.
+    std::vector<uint64_t> idx = permutation(convs.size(), opt.seed);
     idx.resize(opt.subsample);
     std::sort(idx.begin(), idx.end());
     std::vector<Conversation> kept;
-    for (size_t i : idx)
+    for (uint64_t i : idx)
       kept.push_back(std::move(convs[i]));
     convs = std::move(kept);
   }

@@ -29,6 +29,22 @@ std::vector<uint64_t> permutation(uint64_t n, uint64_t seed) {
   return p;
 }
 
+namespace {
+// The visiting order of epoch `epoch`: 0..n-1, or a seeded permutation.
+std::vector<uint64_t> epoch_order(
+    uint64_t n,
+    bool shuffle,
+    uint64_t seed,
+    uint64_t epoch) {
+  if (shuffle)
+    return permutation(n, epoch_seed(seed, epoch));
+  std::vector<uint64_t> order(n);
+  for (uint64_t i = 0; i < n; ++i)
+    order[i] = i;
+  return order;
+}
+} // namespace
+
 TokenLoader::TokenLoader(
     const std::vector<std::string>& paths,
     int64_t batch_size,
@@ -69,13 +85,7 @@ uint64_t TokenLoader::steps_per_epoch() const {
 void TokenLoader::start_epoch() {
   if (order_epoch_ == state_.epoch)
     return;
-  if (shuffle_) {
-    order_ = permutation(windows_.size(), epoch_seed(seed_, state_.epoch));
-  } else {
-    order_.resize(windows_.size());
-    for (uint64_t i = 0; i < order_.size(); ++i)
-      order_[i] = i;
-  }
+  order_ = epoch_order(windows_.size(), shuffle_, seed_, state_.epoch);
   order_epoch_ = state_.epoch;
 }
 
@@ -143,13 +153,7 @@ ChatBatcher::ChatBatcher(
 void ChatBatcher::ensure_order() {
   if (order_epoch_ == state_.epoch)
     return;
-  if (shuffle_) {
-    order_ = permutation(file_.size(), epoch_seed(seed_, state_.epoch));
-  } else {
-    order_.resize(file_.size());
-    for (uint64_t i = 0; i < order_.size(); ++i)
-      order_[i] = i;
-  }
+  order_ = epoch_order(file_.size(), shuffle_, seed_, state_.epoch);
   order_epoch_ = state_.epoch;
   step_cursor_ = {0};
 }

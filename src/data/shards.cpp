@@ -3,11 +3,6 @@
 #include "core/error.h"
 #include "core/files.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -15,41 +10,18 @@
 
 namespace orchard::data {
 
-struct Shard::Mapping {
-  void* base = nullptr;
-  size_t size = 0;
-  ~Mapping() {
-    if (base && size)
-      ::munmap(base, size);
-  }
-};
-
 Shard Shard::open(const std::string& path) {
   Shard s;
   s.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw UserError(
-        "cannot open token shard '" + path + "': " + std::strerror(errno) +
-        ".");
-  struct stat st {};
-  ::fstat(fd, &st);
-  size_t size = static_cast<size_t>(st.st_size);
+  s.map_ = MappedFile::open(path, "token shard");
+  size_t size = s.map_->size();
   const size_t header = kShardHeaderInts * sizeof(int32_t);
-  if (size < header) {
-    ::close(fd);
+  if (size < header)
     throw UserError(
         "token shard '" + path + "' is " + std::to_string(size) +
         " bytes, shorter than the 1024-byte header: truncated or not a .bin "
         "shard.");
-  }
-  s.map_ = std::make_shared<Mapping>();
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED)
-    throw UserError("cannot map token shard '" + path + "'.");
-  s.map_->base = base;
-  s.map_->size = size;
+  const char* base = s.map_->data();
   int32_t head[3];
   std::memcpy(head, base, sizeof head);
   if (head[0] != kShardMagic)
@@ -70,7 +42,7 @@ Shard Shard::open(const std::string& path) {
         " bytes of tokens (" + std::to_string(width) +
         " each): truncated or damaged; re-create it.");
   s.count_ = size_t(head[2]);
-  const char* data = static_cast<const char*>(base) + header;
+  const char* data = base + header;
   if (s.version_ == 1)
     s.u16_ = reinterpret_cast<const uint16_t*>(data);
   else

@@ -7,6 +7,8 @@
 // modded-nanogpt's scripts load unchanged.
 #pragma once
 
+#include "core/files.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,9 +39,8 @@ class Shard {
   void read(size_t begin, size_t n, uint32_t* out) const;
 
  private:
-  struct Mapping;
   std::string path_;
-  std::shared_ptr<Mapping> map_;
+  std::shared_ptr<MappedFile> map_;
   size_t count_ = 0;
   int version_ = 1;
   const uint16_t* u16_ = nullptr;
