@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -56,6 +58,53 @@ inline void synchronize(const torch::Device& device) {
     torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
   else if (device.is_mps())
     mps_synchronize();
+}
+
+// Causal attention written out: softmax(q k^T / sqrt(D) + causal mask) v.
+// q: (B, H, Tq, D); k, v: (B, H, Tk, D) with Tk >= Tq, the queries being
+// the last Tq positions (so a KV cache can hold earlier ones). The softmax
+// runs in float32 at least. This is the portable path and the test oracle
+// for the fused kernels.
+inline torch::Tensor explicit_attention(
+    const torch::Tensor& q,
+    const torch::Tensor& k,
+    const torch::Tensor& v) {
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  auto scores =
+      torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  // Query i (absolute position Tk - Tq + i) sees keys 0 .. Tk - Tq + i.
+  auto mask = torch::ones(
+                  {Tq, Tk},
+                  torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+                  .triu(Tk - Tq + 1);
+  auto compute = scores.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                         : torch::kFloat32;
+  scores = scores.to(compute).masked_fill(
+      mask, -std::numeric_limits<double>::infinity());
+  return torch::matmul(torch::softmax(scores, -1).to(v.scalar_type()), v);
+}
+
+// Causal self-attention through the fused kernel where libtorch has one
+// (2.x: flash / cuDNN / memory-efficient on CUDA, Metal on MPS), else the
+// explicit path. The fused kernel's causal mask is aligned top-left, so it
+// is used only when queries and keys cover the same positions.
+inline torch::Tensor causal_attention(
+    const torch::Tensor& q,
+    const torch::Tensor& k,
+    const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (q.size(2) == k.size(2))
+    return at::scaled_dot_product_attention(
+        q, k, v, {}, 0.0, /*is_causal=*/true);
+  if (q.size(2) == 1) // one new token attends to every cached position
+    return at::scaled_dot_product_attention(
+        q, k, v, {}, 0.0, /*is_causal=*/false);
+#endif
+  return explicit_attention(q, k, v);
+}
+
+inline bool has_fused_attention() {
+  return TORCH_VERSION_MAJOR >= 2;
 }
 
 } // namespace orchard::compat

@@ -1,0 +1,234 @@
+#include "models/gpt.h"
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+
+#include <cmath>
+#include <limits>
+
+namespace orchard::models {
+
+constexpr int64_t kHeadDim = 128;      // nanochat's: width / 128 heads
+constexpr int64_t kWidthPerLayer = 64; // nanochat's aspect ratio
+
+std::string GptConfig::tag() const {
+  // Appended rather than "d" + to_string(): GCC 12 at -O3 warns falsely on
+  // the latter (GCC bug 105651).
+  std::string tag = "d";
+  tag += std::to_string(n_layer);
+  return tag;
+}
+
+GptConfig resolve_gpt_config(const PretrainConfig& cfg, int64_t vocab_size) {
+  GptConfig c;
+  c.vocab_size = cfg.arch.vocab_size.value_or(vocab_size);
+  c.n_layer = cfg.arch.n_layer.value_or(cfg.depth);
+  c.n_embd = cfg.arch.n_embd.value_or(kWidthPerLayer * cfg.depth);
+  c.n_head = cfg.arch.n_head.value_or(
+      std::max<int64_t>(1, (c.n_embd + kHeadDim - 1) / kHeadDim));
+  c.n_kv_head = cfg.arch.n_kv_head.value_or(c.n_head);
+  c.max_seq_len = cfg.max_seq_len;
+  if (c.vocab_size < vocab_size)
+    throw UserError(
+        "arch.vocab_size=" + std::to_string(c.vocab_size) +
+        " is smaller than the tokenizer's " + std::to_string(vocab_size) +
+        " tokens; leave it at auto or raise it.");
+  if (c.n_embd % c.n_head != 0)
+    throw UserError(
+        "arch.n_embd=" + std::to_string(c.n_embd) +
+        " is not divisible by arch.n_head=" + std::to_string(c.n_head) +
+        "; pick a head count that divides the width.");
+  if (c.head_dim() % 2 != 0)
+    throw UserError(
+        "the head dimension n_embd / n_head = " + std::to_string(c.head_dim()) +
+        " is odd; rotary embeddings need an even one.");
+  if (c.n_head % c.n_kv_head != 0)
+    throw UserError(
+        "arch.n_head=" + std::to_string(c.n_head) +
+        " is not divisible by arch.n_kv_head=" + std::to_string(c.n_kv_head) +
+        " (grouped-query attention shares each key/value head "
+        "among n_head / n_kv_head query heads).");
+  return c;
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x) {
+  double eps = x.scalar_type() == torch::kFloat64
+      ? std::numeric_limits<double>::epsilon()
+      : std::numeric_limits<float>::epsilon();
+  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+}
+
+torch::Tensor apply_rotary(
+    const torch::Tensor& x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin) {
+  const int64_t d = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, d), x2 = x.narrow(-1, d, d);
+  auto c = cos.unsqueeze(0).unsqueeze(2).to(x.scalar_type()); // (1, T, 1, D/2)
+  auto s = sin.unsqueeze(0).unsqueeze(2).to(x.scalar_type());
+  return torch::cat({x1 * c + x2 * s, x2 * c - x1 * s}, -1);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
+    : n_head(c.n_head), n_kv_head(c.n_kv_head), head_dim(c.head_dim()) {
+  auto lin = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  c_q = register_module("c_q", lin(c.n_embd, n_head * head_dim));
+  c_k = register_module("c_k", lin(c.n_embd, n_kv_head * head_dim));
+  c_v = register_module("c_v", lin(c.n_embd, n_kv_head * head_dim));
+  c_proj = register_module("c_proj", lin(c.n_embd, c.n_embd));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(
+    const torch::Tensor& x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin,
+    torch::Tensor* cache_k,
+    torch::Tensor* cache_v) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = c_q(x).view({B, T, n_head, head_dim});    // (B, T, H, D)
+  auto k = c_k(x).view({B, T, n_kv_head, head_dim}); // (B, T, Hkv, D)
+  auto v = c_v(x).view({B, T, n_kv_head, head_dim});
+  q = rms_norm(apply_rotary(q, cos, sin));
+  k = rms_norm(apply_rotary(k, cos, sin));
+  q = q.transpose(1, 2); // (B, H, T, D)
+  k = k.transpose(1, 2); // (B, Hkv, T, D)
+  v = v.transpose(1, 2);
+  if (cache_k) {
+    if (cache_k->defined()) {
+      k = torch::cat({*cache_k, k}, 2);
+      v = torch::cat({*cache_v, v}, 2);
+    }
+    *cache_k = k;
+    *cache_v = v;
+  }
+  if (n_kv_head != n_head) { // each kv head serves n_head / n_kv_head queries
+    k = k.repeat_interleave(n_head / n_kv_head, 1);
+    v = v.repeat_interleave(n_head / n_kv_head, 1);
+  }
+  auto y = compat::causal_attention(q, k, v); // (B, H, T, D)
+  y = y.transpose(1, 2).contiguous().view({B, T, n_head * head_dim});
+  return c_proj(y);
+}
+
+MlpImpl::MlpImpl(const GptConfig& c) {
+  c_fc = register_module(
+      "c_fc",
+      torch::nn::Linear(
+          torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(false)));
+  c_proj = register_module(
+      "c_proj",
+      torch::nn::Linear(
+          torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(false)));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return c_proj(torch::relu(c_fc(x)).square());
+}
+
+BlockImpl::BlockImpl(const GptConfig& c) {
+  attn = register_module("attn", CausalSelfAttention(c));
+  mlp = register_module("mlp", Mlp(c));
+}
+
+torch::Tensor BlockImpl::forward(
+    torch::Tensor x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin,
+    torch::Tensor* cache_k,
+    torch::Tensor* cache_v) {
+  x = x + attn(rms_norm(x), cos, sin, cache_k, cache_v);
+  x = x + mlp(rms_norm(x));
+  return x;
+}
+
+GptImpl::GptImpl(const GptConfig& c) : config(c) {
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    blocks->push_back(Block(c));
+  lm_head = register_module(
+      "lm_head",
+      torch::nn::Linear(
+          torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  // Rotary tables: angle(t, i) = t / base^(2i / D).
+  const int64_t half = c.head_dim() / 2;
+  auto inv_freq = torch::pow(
+      c.rope_base,
+      -torch::arange(0, half, torch::kFloat64) * 2.0 / double(c.head_dim()));
+  auto t = torch::arange(c.max_seq_len, torch::kFloat64);
+  auto angles = torch::outer(t, inv_freq); // (T, D/2)
+  rope_cos = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
+  rope_sin = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
+  init_weights();
+}
+
+void GptImpl::init_weights() {
+  torch::NoGradGuard no_grad;
+  wte->weight.normal_(0.0, 1.0);
+  for (const auto& m : blocks->children()) {
+    auto block = m->as<BlockImpl>();
+    for (auto* lin :
+         {&block->attn->c_q,
+          &block->attn->c_k,
+          &block->attn->c_v,
+          &block->mlp->c_fc}) {
+      auto& w = (*lin)->weight; // (out, in)
+      double fan_out = double(w.size(0)), fan_in = double(w.size(1));
+      w.normal_(
+          0.0, std::min(1.0, std::sqrt(fan_out / fan_in)) / std::sqrt(fan_in));
+    }
+    block->attn->c_proj->weight.zero_();
+    block->mlp->c_proj->weight.zero_();
+  }
+  lm_head->weight.zero_();
+}
+
+int64_t GptImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters())
+    n += p.numel();
+  return n;
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
+  const int64_t T = idx.size(1);
+  const int64_t start = cache ? cache->length() : 0;
+  if (start + T > config.max_seq_len)
+    throw UserError(
+        "the sequence (" + std::to_string(start + T) +
+        " tokens) is longer than the model's "
+        "max_seq_len " +
+        std::to_string(config.max_seq_len) + ".");
+  auto cos = rope_cos.narrow(0, start, T), sin = rope_sin.narrow(0, start, T);
+  if (cache && cache->k.empty()) {
+    cache->k.resize(config.n_layer);
+    cache->v.resize(config.n_layer);
+  }
+  auto x = rms_norm(wte(idx)); // (B, T, C)
+  for (int64_t i = 0; i < config.n_layer; ++i)
+    x = blocks[i]->as<BlockImpl>()->forward(
+        x,
+        cos,
+        sin,
+        cache ? &cache->k[i] : nullptr,
+        cache ? &cache->v[i] : nullptr);
+  auto logits = lm_head(rms_norm(x)); // (B, T, V)
+  auto compute = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                         : torch::kFloat32;
+  logits = logits.to(compute);
+  return config.softcap * torch::tanh(logits / config.softcap);
+}
+
+torch::Tensor GptImpl::loss(
+    const torch::Tensor& idx,
+    const torch::Tensor& targets) {
+  auto logits = forward(idx);
+  return torch::nn::functional::cross_entropy(
+      logits.view({-1, logits.size(-1)}),
+      targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+} // namespace orchard::models

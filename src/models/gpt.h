@@ -1,0 +1,121 @@
+// A nanochat-style GPT.
+//
+// Differences from the textbook GPT-2: rotary position embeddings instead of
+// learned ones; RMSNorm without learnable parameters; RMS-normalised queries
+// and keys (QK-norm); ReLU² MLP; no biases; an untied lm_head; logits
+// soft-capped at 15 (cap * tanh(logits / cap)); optional grouped-query
+// attention (n_kv_head < n_head). One dial, `depth`, sets the size:
+// n_layer = depth, n_embd = 64 * depth, head dim 128.
+//
+// Dimension letters: B batch, T sequence, C = n_embd, H heads, Hkv key/value
+// heads, D head dim, V vocabulary, L layers.
+//
+// The model knows nothing about tokenizers or devices; state such as the KV
+// cache is passed in.
+#pragma once
+
+#include "train/pretrain_config.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace orchard::models {
+
+struct GptConfig {
+  int64_t vocab_size = 0;
+  int64_t n_layer = 0, n_embd = 0, n_head = 0, n_kv_head = 0;
+  int64_t max_seq_len = 0;  // rotary tables are built for this many positions
+  double rope_base = 10000; // RoFormer's base
+  double softcap = 15;      // nanochat's logit cap
+  int64_t head_dim() const {
+    return n_embd / n_head;
+  }
+  std::string tag() const; // "d6" when n_layer == 6
+};
+
+// Sizes from `depth` and the explicit arch.* settings; UserError when they
+// are inconsistent (width not divisible by heads, heads not by kv heads,
+// odd head dim for rotary).
+GptConfig resolve_gpt_config(const PretrainConfig& cfg, int64_t vocab_size);
+
+// The keys and values of earlier positions, per layer, for generation.
+struct KvCache {
+  std::vector<torch::Tensor> k, v; // (B, Hkv, T_cached, D) per layer
+  int64_t length() const {
+    return k.empty() || !k[0].defined() ? 0 : k[0].size(2);
+  }
+};
+
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  explicit CausalSelfAttentionImpl(const GptConfig& c);
+  // x: (B, T, C); cos/sin: (T, D/2) for the positions of x.
+  torch::Tensor forward(
+      const torch::Tensor& x,
+      const torch::Tensor& cos,
+      const torch::Tensor& sin,
+      torch::Tensor* cache_k,
+      torch::Tensor* cache_v);
+  int64_t n_head, n_kv_head, head_dim;
+  torch::nn::Linear c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const GptConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const GptConfig& c);
+  torch::Tensor forward(
+      torch::Tensor x,
+      const torch::Tensor& cos,
+      const torch::Tensor& sin,
+      torch::Tensor* cache_k,
+      torch::Tensor* cache_v);
+  CausalSelfAttention attn{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const GptConfig& c);
+
+  // Logits (B, T, V) in float32, soft-capped. With a cache, `idx` holds the
+  // positions after the cached ones and the cache is extended.
+  torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr);
+  // Mean cross-entropy over targets != -1 (ignored positions).
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+
+  // nanochat's initialisation: embeddings N(0, 1); matrices N(0, s) with
+  // s = min(1, sqrt(fan_out / fan_in)) / sqrt(fan_in); the output
+  // projections (attn.c_proj, mlp.c_proj) and lm_head start at zero.
+  // Draws from the current torch seed.
+  void init_weights();
+  int64_t num_parameters() const;
+
+  GptConfig config;
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+  torch::Tensor rope_cos, rope_sin; // (max_seq_len, D/2), buffers
+};
+TORCH_MODULE(Gpt);
+
+// x / rms(x) over the last dimension, eps as PyTorch's rms_norm default
+// (the dtype's machine epsilon).
+torch::Tensor rms_norm(const torch::Tensor& x);
+
+// Rotates pairs (x[..., :D/2], x[..., D/2:]) by the position angles.
+// x: (B, T, H, D); cos/sin: (T, D/2).
+torch::Tensor apply_rotary(
+    const torch::Tensor& x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin);
+
+} // namespace orchard::models
