@@ -83,13 +83,31 @@ const config::Schema& pretrain_schema() {
     s.add(
         {.key = "lr",
          .access = field(&C::lr),
-         .help = "peak learning rate (1e-3)",
+         .help =
+             "peak AdamW learning rate of the transformer's matrices (3e-3)",
+         .min = 0});
+    s.add(
+        {.key = "embedding_lr",
+         .access = field(&C::embedding_lr),
+         .help = "peak learning rate of the token embedding (3e-2)",
+         .min = 0});
+    s.add(
+        {.key = "unembedding_lr",
+         .access = field(&C::unembedding_lr),
+         .help = "peak learning rate of lm_head (3e-3)",
          .min = 0});
     s.add(
         {.key = "warmup_steps",
          .access = field(&C::warmup_steps),
          .help = "steps of linear warmup (0)",
          .min = 0});
+    s.add(
+        {.key = "warmdown_ratio",
+         .access = field(&C::warmdown_ratio),
+         .help =
+             "share of the steps over which the learning rate falls to 0 (0.2)",
+         .min = 0,
+         .max = 1});
     s.add(
         {.key = "weight_decay",
          .access = field(&C::weight_decay),
@@ -121,6 +139,20 @@ const config::Schema& pretrain_schema() {
         {.key = "seed",
          .access = field(&C::seed),
          .help = "seed for initialisation, data order and sampling (42)"});
+    s.add(
+        {.key = "tokenizer",
+         .access = field(&C::tokenizer),
+         .help =
+             "tokenizer folder (\"\": train one on the data and cache it)"});
+    s.add(
+        {.key = "resume",
+         .access = field(&C::resume),
+         .help = "auto: continue from the run's newest checkpoint; never; or a "
+                 "checkpoint folder"});
+    s.add(
+        {.key = "keep_best",
+         .access = field(&C::keep_best),
+         .help = "also keep the checkpoint with the best validation loss"});
     s.add(
         {.key = "run",
          .access = field(&C::run),

@@ -42,9 +42,12 @@ struct PretrainConfig {
   // Length
   std::optional<int64_t> num_iterations; // auto: from the data size
 
-  // Optimization
-  double lr = 1e-3;
+  // Optimization (AdamW; three parameter groups)
+  double lr = 3e-3; // the transformer's matrices
+  double embedding_lr = 3e-2;
+  double unembedding_lr = 3e-3;
   int64_t warmup_steps = 0;
+  double warmdown_ratio = 0.2;
   double weight_decay = 0.0;
   double grad_clip = 1.0;
   std::string dtype = "auto";
@@ -52,7 +55,12 @@ struct PretrainConfig {
   double ema_rate = 0.999;
   int64_t seed = 42;
 
+  // Data preparation
+  std::string tokenizer; // "": one trained on the data, cached in data_dir
+
   // Run folder, evaluation, checkpoints
+  std::string resume = "auto"; // auto | never | a checkpoint folder
+  bool keep_best = false;
   std::string run;     // "": the model tag, e.g. d6
   std::string run_dir; // "": runs/<run>
   int64_t eval_every = 250;
