@@ -38,7 +38,7 @@ TEST(Cli, ConfigHelpListsEveryOptionWithItsDefault) {
         "arch.n_embd=auto",
         "device_batch_size=auto",
         "total_batch_size=16384",
-        "lr=0.001",
+        "lr=0.003",
         "dtype=auto",
         "seed=42",
         "save_every=500",
