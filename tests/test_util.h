@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -116,6 +117,34 @@ inline CliResult run_orchard(
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   r.err = read_text(err_path);
   return r;
+}
+
+// Starts `orchard args...` in the background (stdout and stderr to
+// `log_path`) and returns its pid.
+inline pid_t spawn_orchard(
+    const std::vector<std::string>& args,
+    const std::map<std::string, std::string>& env,
+    const std::string& log_path) {
+  std::string cmd;
+  for (const auto& [k, v] : env)
+    cmd += k + "=" + shell_quote(v) + " ";
+  cmd += "exec " + shell_quote(ORCHARD_BIN);
+  for (const auto& a : args)
+    cmd += " " + shell_quote(a);
+  cmd += " >" + shell_quote(log_path) + " 2>&1 </dev/null";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits for a child; returns its exit code, or 128 + signal.
+inline int wait_child(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 } // namespace orchard::test

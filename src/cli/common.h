@@ -61,5 +61,6 @@ Command register_doctor(CLI::App& root);
 Command register_config(CLI::App& root);
 Command register_tokenizer(CLI::App& root);
 Command register_data(CLI::App& root);
+Command register_train(CLI::App& root);
 
 } // namespace orchard::cli

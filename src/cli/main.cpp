@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       cli::register_config(app),
       cli::register_tokenizer(app),
       cli::register_data(app),
+      cli::register_train(app),
   };
   try {
     configure_cpu_threads();

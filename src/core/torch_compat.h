@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <type_traits>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/mps.h>
@@ -101,6 +103,24 @@ inline torch::Tensor causal_attention(
         q, k, v, {}, 0.0, /*is_causal=*/false);
 #endif
   return explicit_attention(q, k, v);
+}
+
+// The key of a parameter in an optimizer's state map: libtorch 1.13 uses
+// the parameter's address printed as a string, later versions the address
+// itself. Follows the map's own key type, so no version check is needed.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(
+    const StateMap&,
+    const torch::Tensor& param) {
+  using Key = typename StateMap::key_type;
+  void* impl = param.unsafeGetTensorImpl();
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << impl;
+    return s.str();
+  } else {
+    return static_cast<Key>(impl);
+  }
 }
 
 inline bool has_fused_attention() {

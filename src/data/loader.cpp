@@ -78,6 +78,18 @@ TokenLoader::TokenLoader(
         "max_seq_len.");
 }
 
+uint64_t TokenLoader::count_windows(
+    const std::vector<std::string>& paths,
+    int64_t seq_len) {
+  uint64_t n = 0;
+  for (const auto& p : paths) {
+    uint64_t size = Shard::open(p).size();
+    if (size > uint64_t(seq_len))
+      n += (size - 1) / uint64_t(seq_len);
+  }
+  return n;
+}
+
 uint64_t TokenLoader::steps_per_epoch() const {
   return windows_.size() / (uint64_t(B_) * world_);
 }

@@ -60,6 +60,11 @@ class TokenLoader {
   void restore(const LoaderState& s);
   uint64_t steps_per_epoch() const;
 
+  // How many (T+1)-token windows these shards hold.
+  static uint64_t count_windows(
+      const std::vector<std::string>& shard_paths,
+      int64_t seq_len);
+
  private:
   void start_epoch();
   std::vector<Shard> shards_;

@@ -1,0 +1,139 @@
+#include "train/data_cache.h"
+
+#include "core/error.h"
+#include "core/files.h"
+#include "core/machine.h"
+#include "data/shards.h"
+#include "data/text_prep.h"
+#include "data/wordnet.h"
+#include "text/bpe_train.h"
+#include "text/hf_tokenizer.h"
+#include "text/tokenizer_io.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace orchard::train {
+namespace {
+namespace fs = std::filesystem;
+
+bool shards_intact(const std::vector<std::string>& paths) {
+  if (paths.empty())
+    return false;
+  try {
+    for (const auto& p : paths)
+      data::Shard::open(p);
+  } catch (const UserError&) {
+    return false;
+  }
+  return true;
+}
+
+std::string fnv_hex(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
+// Trains a tokenizer on `inputs` into `dir` unless one is there.
+void ensure_tokenizer(
+    const std::vector<std::string>& inputs,
+    const std::string& dir,
+    const std::function<void(const std::string&)>& say) {
+  if (fs::exists(fs::path(dir) / "tokenizer.json")) {
+    try {
+      text::load_tokenizer(dir);
+      return;
+    } catch (const UserError&) {
+      say("The cached tokenizer in " + dir + " is damaged; training it again.");
+    }
+  }
+  say("Training a " + std::to_string(kDefaultVocabSize) +
+      "-token tokenizer...");
+  text::BpeTrainer trainer({.vocab_size = kDefaultVocabSize});
+  for (const auto& f : data::list_input_files(inputs)) {
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    trainer.add_text(ss.str());
+  }
+  auto tok = trainer.train();
+  fs::create_directories(dir);
+  text::save_hf_tokenizer(tok, dir + "/tokenizer.json");
+}
+
+} // namespace
+
+PreparedData prepare_pretraining_data(
+    const PretrainConfig& cfg,
+    const std::function<void(const std::string&)>& say) {
+  std::string home = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir;
+  PreparedData d;
+  std::vector<std::string> train_inputs, val_inputs;
+  std::string shard_dir, name;
+  if (cfg.data_paths.empty()) {
+    std::string corpus = home + "/wordnet";
+    if (!fs::exists(corpus + "/text_train.jsonl") ||
+        !fs::exists(corpus + "/text_val.jsonl")) {
+      say("Building the default corpus from WordNet into " + corpus + "...");
+      data::build_wordnet_corpus({.out = corpus});
+    }
+    train_inputs = {corpus + "/text_train.jsonl"};
+    val_inputs = {corpus + "/text_val.jsonl"};
+    d.tokenizer_dir =
+        cfg.tokenizer.empty() ? home + "/tokenizer-wordnet" : cfg.tokenizer;
+    shard_dir = home + "/shards-wordnet";
+    name = "wordnet";
+    d.description = "WordNet glosses (the default corpus)";
+  } else {
+    std::string key;
+    for (const auto& p : cfg.data_paths)
+      key += fs::absolute(p).string() + "\n";
+    std::string prepared = home + "/prepared/" + fnv_hex(key + cfg.tokenizer);
+    train_inputs = cfg.data_paths;
+    d.tokenizer_dir =
+        cfg.tokenizer.empty() ? prepared + "/tokenizer" : cfg.tokenizer;
+    shard_dir = prepared + "/shards";
+    name = "data";
+    d.description = std::to_string(cfg.data_paths.size()) + " data path(s)";
+  }
+  if (cfg.tokenizer.empty())
+    ensure_tokenizer(train_inputs, d.tokenizer_dir, say);
+  d.train_shards = data::find_shards(shard_dir, "train");
+  d.val_shards = data::find_shards(shard_dir, "val");
+  if (!shards_intact(d.train_shards) || !shards_intact(d.val_shards)) {
+    say("Tokenizing " + d.description + " into " + shard_dir + "...");
+    remove_tree(shard_dir);
+    auto tok = text::load_tokenizer(d.tokenizer_dir);
+    data::TextPrepOptions o;
+    o.out = shard_dir;
+    o.name = name;
+    o.tokenizer_path = d.tokenizer_dir;
+    if (val_inputs.empty()) {
+      o.inputs = train_inputs;
+      data::prepare_text(tok, o);
+    } else {
+      o.inputs = train_inputs;
+      o.split = "train";
+      data::prepare_text(tok, o);
+      o.inputs = val_inputs;
+      o.split = "val";
+      data::prepare_text(tok, o);
+    }
+    d.train_shards = data::find_shards(shard_dir, "train");
+    d.val_shards = data::find_shards(shard_dir, "val");
+  }
+  if (d.val_shards.empty())
+    throw UserError(
+        "the data has no validation documents; give more text (one document in "
+        "200 goes to validation).");
+  return d;
+}
+
+} // namespace orchard::train

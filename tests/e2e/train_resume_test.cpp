@@ -1,0 +1,164 @@
+// orchard train resumes exactly: killed with SIGKILL at several points and
+// started again, it ends with the same weights, bit for bit on the CPU, as
+// a run never interrupted. SIGTERM saves and exits 0. A damaged newest
+// checkpoint is skipped for the previous good one.
+#include "core/safetensors.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+namespace orchard {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+struct TinyRun {
+  TempDir dir;
+  std::map<std::string, std::string> env;
+  TinyRun() {
+    std::string jsonl; // one document per line
+    for (int i = 0; i < 400; ++i)
+      jsonl += "{\"text\": \"Document " + std::to_string(i) +
+          ": the quick brown fox jumps over the lazy dog while numbers " +
+          std::to_string(i * 7919 % 1000) + " go by.\"}\n";
+    dir.write("corpus/a.jsonl", jsonl);
+    env = {{"ORCHARD_HOME", dir.file("home")}, {"OMP_NUM_THREADS", "2"}};
+  }
+  std::vector<std::string> args(const std::string& run) const {
+    return {
+        "train",
+        "--device",
+        "cpu",
+        "data_paths=[" + dir.file("corpus") + "]",
+        "depth=1",
+        "max_seq_len=32",
+        "total_batch_size=256",
+        "num_iterations=40",
+        "save_every=4",
+        "eval_every=0",
+        "eval_tokens=256",
+        "save_total_limit=0",
+        "run_dir=" + dir.file(run)};
+  }
+  std::map<std::string, torch::Tensor> final_weights(
+      const std::string& run) const {
+    return safetensors::load(
+        dir.file(run + "/checkpoints/step_000040/model.safetensors"));
+  }
+};
+
+void expect_identical(
+    const std::map<std::string, torch::Tensor>& a,
+    const std::map<std::string, torch::Tensor>& b,
+    const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a)
+    EXPECT_TRUE(torch::equal(t, b.at(name)))
+        << what << ": " << name << " differs";
+}
+
+// Waits until the run folder has a checkpoint of at least `step`.
+bool wait_for_checkpoint(const std::string& run_dir, int64_t step, pid_t pid) {
+  for (int i = 0; i < 6000; ++i) {
+    for (const auto& [s, d] : train::list_checkpoints(run_dir))
+      if (s >= step)
+        return true;
+    int status;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return false; // finished or died first
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+TEST(TrainResume, SigkillAtSeveralPointsThenResumeIsBitExact) {
+  TinyRun t;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  auto want = t.final_weights("reference");
+  for (int64_t kill_after : {4, 16, 28}) {
+    std::string run = "killed_" + std::to_string(kill_after);
+    pid_t pid =
+        test::spawn_orchard(t.args(run), t.env, t.dir.file(run + ".log"));
+    bool mid_run = wait_for_checkpoint(t.dir.file(run), kill_after, pid);
+    ::kill(pid, SIGKILL);
+    test::wait_child(pid);
+    EXPECT_TRUE(mid_run) << "the run ended before it could be killed at "
+                         << kill_after;
+    auto again = test::run_orchard(t.args(run), t.env);
+    ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+    EXPECT_NE(again.out.find("Resuming from"), std::string::npos) << again.out;
+    expect_identical(
+        t.final_weights(run),
+        want,
+        "killed after step " + std::to_string(kill_after));
+  }
+}
+
+TEST(TrainResume, SigtermSavesExitsZeroAndResumes) {
+  TinyRun t;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  pid_t pid =
+      test::spawn_orchard(t.args("term"), t.env, t.dir.file("term.log"));
+  ASSERT_TRUE(wait_for_checkpoint(t.dir.file("term"), 8, pid));
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(test::wait_child(pid), 0);
+  std::string log = test::read_text(t.dir.file("term.log"));
+  EXPECT_NE(log.find("Stopped by SIGTERM"), std::string::npos) << log;
+  EXPECT_NE(log.find("Run the same command again to resume"), std::string::npos)
+      << log;
+  auto again = test::run_orchard(t.args("term"), t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  expect_identical(
+      t.final_weights("term"), t.final_weights("reference"), "after SIGTERM");
+  // Starting a finished run again says so and changes nothing.
+  auto done = test::run_orchard(t.args("term"), t.env);
+  EXPECT_EQ(done.exit_code, 0);
+  EXPECT_NE(done.out.find("already complete at step 40"), std::string::npos)
+      << done.out;
+}
+
+TEST(TrainResume, DamagedNewestCheckpointFallsBackToThePreviousOne) {
+  TinyRun t;
+  auto args = t.args("damaged");
+  args[7] = "num_iterations=12"; // checkpoints 4, 8, 12
+  auto first = test::run_orchard(args, t.env);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  std::string newest =
+      t.dir.file("damaged/checkpoints/step_000012/model.safetensors");
+  std::string bytes = test::read_text(newest);
+  t.dir.write(
+      "damaged/checkpoints/step_000012/model.safetensors",
+      bytes.substr(0, 100));
+  args[7] = "num_iterations=16";
+  auto again = test::run_orchard(args, t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("skipping damaged checkpoint"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("Resuming from"), std::string::npos);
+  EXPECT_NE(again.out.find("step_000008"), std::string::npos) << again.out;
+}
+
+TEST(TrainResume, IndivisibleBatchIsTheKnownMessage) {
+  TinyRun t;
+  auto args = t.args("bad");
+  args.push_back("device_batch_size=3");
+  auto r = test::run_orchard(args, t.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find(
+          "total_batch_size must be divisible by device_batch_size × max_seq_len"),
+      std::string::npos)
+      << r.err;
+}
+
+} // namespace
+} // namespace orchard
