@@ -5,7 +5,8 @@
 #   ./orchard.sh setup        install the system packages (apt or Homebrew)
 #   ./orchard.sh build        configure and build (Release) into build/
 #   ./orchard.sh test         setup + build + every test (ctest)
-#   ./orchard.sh quickstart   setup + build + the main job
+#   ./orchard.sh quickstart   setup + build + doctor + train a small GPT on
+#                             WordNet (extra key=value arguments go to train)
 #
 # Environment: ORCHARD_BUILD_DIR (default build), ORCHARD_TORCH_PREFIX (a
 # libtorch to build against; default: PyTorch's when `python3 -c 'import
@@ -135,13 +136,17 @@ cmd_quickstart() {
   cmd_build
   say "Checking this machine (orchard doctor)"
   "$BUILD_DIR/orchard" doctor
+  # The main job: WordNet corpus -> tokenizer -> shards -> a small GPT
+  # (the quick preset), then samples. Run again to resume or to see it done.
+  say "Training a small GPT on WordNet (orchard train --preset quick)"
+  "$BUILD_DIR/orchard" train --preset quick "$@"
 }
 
 case "${1:-}" in
   setup) cmd_setup ;;
   build) cmd_build ;;
   test) cmd_test ;;
-  quickstart) cmd_quickstart ;;
+  quickstart) shift; cmd_quickstart "$@" ;;
   *)
     [ -z "${1:-}" ] || echo "unknown command: $1" >&2
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"

@@ -62,5 +62,6 @@ Command register_config(CLI::App& root);
 Command register_tokenizer(CLI::App& root);
 Command register_data(CLI::App& root);
 Command register_train(CLI::App& root);
+Command register_generate(CLI::App& root);
 
 } // namespace orchard::cli

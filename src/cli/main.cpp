@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
       cli::register_tokenizer(app),
       cli::register_data(app),
       cli::register_train(app),
+      cli::register_generate(app),
   };
   try {
     configure_cpu_threads();

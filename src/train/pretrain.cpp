@@ -171,6 +171,7 @@ PretrainResult run_pretraining(
   const int64_t total = cfg.num_iterations.value_or(
       std::max<int64_t>(1, int64_t(train.steps_per_epoch()) / accum));
   result.total = total;
+  result.val_shards = data.val_shards;
 
   // AdamW with three groups: matrices (decayed), embedding, lm_head.
   std::vector<torch::Tensor> matrices, embedding = {model->wte->weight},

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace orchard::train {
 
@@ -24,6 +25,7 @@ struct PretrainResult {
   double val_loss = 0, val_bpb = 0, unigram_loss = 0;
   bool interrupted = false; // stopped by SIGINT/SIGTERM after saving
   bool already_done = false;
+  std::vector<std::string> val_shards; // for samples after training
 };
 
 PretrainResult run_pretraining(

@@ -1,0 +1,118 @@
+// `orchard generate`: sample text from a trained model.
+#include "cli/common.h"
+#include "core/error.h"
+#include "infer/engine.h"
+#include "text/tokenizer_io.h"
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+namespace orchard::cli {
+
+Command register_generate(CLI::App& root) {
+  struct State {
+    DeviceFlags device;
+    std::string checkpoint, prompt;
+    infer::SamplingOptions sampling;
+    bool interactive = false;
+  };
+  auto st = std::make_shared<State>();
+  CLI::App* app =
+      root.add_subcommand("generate", "Generate text from a trained model");
+  app->add_option(
+         "--checkpoint",
+         st->checkpoint,
+         "run folder (its newest checkpoint) or checkpoint folder")
+      ->required();
+  app->add_option("--prompt", st->prompt, "text to continue");
+  app->add_option(
+         "--max-new-tokens", st->sampling.max_new_tokens, "tokens to generate")
+      ->capture_default_str();
+  app->add_option("--temperature", st->sampling.temperature, "0 = greedy")
+      ->capture_default_str();
+  app->add_option(
+         "--top-k",
+         st->sampling.top_k,
+         "sample from the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  app->add_option(
+         "--top-p",
+         st->sampling.top_p,
+         "sample from the smallest set holding this probability")
+      ->capture_default_str();
+  app->add_option("--seed", st->sampling.seed, "random seed")
+      ->capture_default_str();
+  app->add_flag(
+      "--interactive",
+      st->interactive,
+      "read prompts from standard input, one per line");
+  add_device_flags(app, st->device, /*allow_assume=*/false);
+  return {
+      app, [st] {
+        if (!st->interactive && st->prompt.empty())
+          throw UserError(
+              "give --prompt TEXT, or --interactive to type prompts.");
+        if (st->sampling.temperature < 0 || st->sampling.top_p <= 0 ||
+            st->sampling.top_p > 1 || st->sampling.max_new_tokens < 1)
+          throw UserError(
+              "--temperature must be >= 0, --top-p in (0, 1] and --max-new-tokens >= 1.");
+        MachineFacts m = machine_for(st->device);
+        DeviceInfo d = select_device(st->device, m);
+        infer::LoadedModel loaded = infer::load_trained_model(st->checkpoint);
+        text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
+        std::printf(
+            "Model: %s (step %lld)\n",
+            loaded.checkpoint_dir.c_str(),
+            (long long)loaded.step);
+        infer::Engine engine(loaded.model, d.device);
+        auto bos = tok.special_id("<|bos|>");
+        if (!bos)
+          bos = tok.special_id("<|endoftext|>");
+        infer::SamplingOptions opt = st->sampling;
+        if (bos)
+          opt.stop_tokens.push_back(*bos);
+        auto run = [&](const std::string& prompt) {
+          std::vector<int64_t> ids;
+          if (bos)
+            ids.push_back(*bos);
+          for (auto id : tok.encode(prompt))
+            ids.push_back(id);
+          std::printf("%s", prompt.c_str());
+          std::fflush(stdout);
+          infer::GenerationStats stats;
+          engine.generate(
+              ids,
+              opt,
+              [&](int64_t id) {
+                if (bos && id == int64_t(*bos))
+                  return false;
+                std::string piece;
+                tok.token_bytes(text::TokenId(id), piece);
+                std::fwrite(piece.data(), 1, piece.size(), stdout);
+                std::fflush(stdout);
+                return true;
+              },
+              true,
+              &stats);
+          std::printf(
+              "\n[%lld tokens, %.1f tokens/s]\n",
+              (long long)stats.new_tokens,
+              stats.decode_tokens_per_s());
+        };
+        if (!st->prompt.empty())
+          run(st->prompt);
+        if (st->interactive) {
+          std::string line;
+          while (std::printf("> "),
+                 std::fflush(stdout),
+                 std::getline(std::cin, line))
+            if (!line.empty())
+              run(line);
+          std::printf("\n");
+        }
+        return 0;
+      }};
+}
+
+} // namespace orchard::cli

@@ -1,0 +1,83 @@
+// Generation: prefill the prompt, then decode one token at a time with the
+// KV cache, sampling with temperature, top-k and top-p from a seeded
+// generator. Sampling runs on the CPU in float32, so the same seed gives
+// the same text on every device. The engine knows nothing about tokenizers.
+#pragma once
+
+#include "models/gpt.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace orchard::infer {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 128;
+  double temperature = 0.8; // 0: greedy
+  int64_t top_k = 50;       // 0: off
+  double top_p = 1.0;       // 1: off
+  uint64_t seed = 42;
+  std::vector<int64_t> stop_tokens; // generation ends after one of these
+};
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0, new_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  double decode_tokens_per_s() const {
+    return decode_seconds > 0 ? double(new_tokens) / decode_seconds : 0;
+  }
+};
+
+// Index of the next token from float logits (V,), per the options.
+int64_t sample_token(
+    const torch::Tensor& logits,
+    const SamplingOptions& opt,
+    torch::Generator& gen);
+
+class Engine {
+ public:
+  Engine(models::Gpt model, torch::Device device);
+
+  // New token ids after `prompt`; `on_token` sees each as it is made (and
+  // may return false to stop). Stops at max_new_tokens, a stop token, or
+  // the model's max_seq_len. `use_cache=false` recomputes the whole
+  // sequence each step (the reference the cache is tested against).
+  std::vector<int64_t> generate(
+      const std::vector<int64_t>& prompt,
+      const SamplingOptions& opt,
+      const std::function<bool(int64_t)>& on_token = {},
+      bool use_cache = true,
+      GenerationStats* stats = nullptr);
+
+  const models::Gpt& model() const {
+    return model_;
+  }
+
+ private:
+  models::Gpt model_;
+  torch::Device device_;
+};
+
+// A trained model from a run folder (its newest good checkpoint) or a
+// checkpoint folder; uses the EMA weights when the checkpoint has them.
+struct LoadedModel {
+  models::Gpt model{nullptr};
+  std::string tokenizer_dir;
+  std::string checkpoint_dir;
+  int64_t step = 0;
+};
+LoadedModel load_trained_model(const std::string& run_or_checkpoint);
+
+// Continuations of the first `prompt_tokens` tokens of the first `count`
+// documents in validation shards: text the model has not trained on.
+// Returns (prompt, continuation) pairs.
+std::vector<std::pair<std::string, std::string>> sample_validation_documents(
+    const LoadedModel& model,
+    const std::vector<std::string>& val_shards,
+    int count,
+    int64_t prompt_tokens,
+    const SamplingOptions& opt);
+
+} // namespace orchard::infer
