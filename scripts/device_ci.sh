@@ -58,6 +58,14 @@ cat src/*/*.cpp src/*/*.h > $HF/corpus.txt
 python3 tests/fixtures/tokenizers/check_hf.py ./build-cuda/orchard $HF/trained \
   tests/fixtures/tokenizers/cl100k_base_reference.json || status=1
 
+step "orchard train and generate on the GPU (smoke run on Orchard's own sources)"
+G=$(mktemp -d)
+ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src]" depth=2 \
+  max_seq_len=128 total_batch_size=8192 num_iterations=30 eval_every=10 run_dir=$G/run 2>&1 \
+  | grep -v "^step [0-9]*/" | tail -12 || status=1
+./build-cuda/orchard generate --device cuda --checkpoint $G/run --prompt "int main(" \
+  --max-new-tokens 40 --seed 1 | tail -3 || status=1
+
 step "orchard doctor"
 ./build-cuda/orchard doctor; echo "doctor exit $?"
 ./build-cuda/orchard doctor --device cpu | tail -3

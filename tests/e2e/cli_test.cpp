@@ -62,7 +62,7 @@ TEST(Cli, ConfigPrintsResolvedYaml) {
   EXPECT_TRUE(
       contains(r.out, "total_batch_size: 4096  # environment TOTAL_BATCH_SIZE"))
       << r.out;
-  EXPECT_TRUE(contains(r.out, "num_iterations: 50  # preset quick")) << r.out;
+  EXPECT_TRUE(contains(r.out, "num_iterations: 100  # preset quick")) << r.out;
   EXPECT_TRUE(contains(r.out, "ema: true")) << r.out;
   EXPECT_TRUE(contains(r.out, "# Using device: ")) << r.out;
   // The output is itself a valid config file that resolves to the same.

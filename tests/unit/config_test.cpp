@@ -157,12 +157,12 @@ TEST(Config, PrecedencePresetFileEnvironmentCommandLine) {
   s.config_file = file;
   config::Origins origins;
   PretrainConfig c = resolved(s, &origins);
-  EXPECT_EQ(c.num_iterations, 50); // preset only
+  EXPECT_EQ(c.num_iterations, 100); // preset only
   EXPECT_EQ(c.max_seq_len, 128);   // file over preset
   EXPECT_EQ(c.eval_tokens, 999);   // environment over preset
   EXPECT_EQ(c.depth, 7);           // command line over all
   EXPECT_EQ(c.arch.n_head, 2);     // nested map in the file
-  EXPECT_EQ(origins["num_iterations"], "preset quick (configs/quick.yaml:6)");
+  EXPECT_EQ(origins["num_iterations"], "preset quick (configs/quick.yaml:8)");
   EXPECT_EQ(origins["max_seq_len"], file + ":2");
   EXPECT_EQ(origins["arch.n_head"], file + ":4");
   EXPECT_EQ(origins["depth"], "command line");
