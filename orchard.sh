@@ -28,7 +28,12 @@ jobs() {
 # macOS with pip torch). Prints nothing otherwise.
 python_torch_prefix() {
   command -v python3 >/dev/null || return 0
-  python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true
+  local p
+  p=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || return 0
+  # Only a torch that ships its CMake package (pip wheels do; Debian's
+  # python3-torch does not) can be built against.
+  [ -f "$p/Torch/TorchConfig.cmake" ] && echo "$p"
+  return 0
 }
 
 # --- setup ---------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""The peer of bench/train_step.cpp: the same GPT (rotary, QK RMS-norm,
+parameterless RMSNorm, ReLU^2 MLP, untied lm_head, logit soft-cap 15, no
+biases) in PyTorch, timed the same way: forward, backward and an AdamW step
+on random tokens, median of the steps after 3 warm-up steps.
+
+  python3 gpt_train_step.py DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS [eager|compile] [fp32|bf16]
+"""
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def norm(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
+
+
+def rotary(x, cos, sin):
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)
+
+
+class Block(nn.Module):
+    def __init__(s, C, H):
+        super().__init__()
+        s.H, s.D = H, C // H
+        s.c_q, s.c_k, s.c_v, s.c_proj = (nn.Linear(C, C, bias=False) for _ in range(4))
+        s.c_fc, s.m_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+
+    def forward(s, x, cos, sin):
+        B, T, C = x.shape
+        h = norm(x)
+        q = norm(rotary(s.c_q(h).view(B, T, s.H, s.D), cos, sin)).transpose(1, 2)
+        k = norm(rotary(s.c_k(h).view(B, T, s.H, s.D), cos, sin)).transpose(1, 2)
+        v = s.c_v(h).view(B, T, s.H, s.D).transpose(1, 2)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # PyTorch 1.x: the explicit causal softmax, as Orchard on 1.13
+            att = (q @ k.transpose(-2, -1)) / (s.D ** 0.5)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            y = torch.softmax(att.float().masked_fill(mask, float("-inf")), -1).to(v.dtype) @ v
+        x = x + s.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + s.m_proj(F.relu(s.c_fc(norm(x))).square())
+
+
+class GPT(nn.Module):
+    def __init__(s, L, C, H, V, T):
+        super().__init__()
+        s.wte = nn.Embedding(V, C)
+        s.blocks = nn.ModuleList(Block(C, H) for _ in range(L))
+        s.lm_head = nn.Linear(C, V, bias=False)
+        D = C // H
+        inv = 10000.0 ** (-torch.arange(0, D // 2, dtype=torch.float64) * 2 / D)
+        ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        s.register_buffer("cos", ang.cos().float()[None, :, None, :])
+        s.register_buffer("sin", ang.sin().float()[None, :, None, :])
+
+    def forward(s, idx, targets):
+        x = norm(s.wte(idx))
+        for b in s.blocks:
+            x = b(x, s.cos, s.sin)
+        logits = s.lm_head(norm(x)).float()
+        logits = 15 * torch.tanh(logits / 15)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    dev, L, C, H, V, B, T, steps = sys.argv[1], *map(int, sys.argv[2:9])
+    mode = sys.argv[9] if len(sys.argv) > 9 else "eager"
+    prec = sys.argv[10] if len(sys.argv) > 10 else "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_num_threads(os.cpu_count())  # as Orchard does
+    torch.manual_seed(0)
+    model = GPT(L, C, H, V, T).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step_fn = torch.compile(model) if mode == "compile" else model
+    x = torch.randint(0, V, (B, T), device=dev)
+    y = torch.randint(0, V, (B, T), device=dev)
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    times = []
+    for s in range(steps + 3):
+        sync()
+        t0 = time.perf_counter()
+        if prec == "bf16":
+            with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
+                loss = step_fn(x, y)
+        else:
+            loss = step_fn(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sync()
+        if s >= 3:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    med = times[len(times) // 2]
+    # CUDA: the allocator's peak; CPU: the process's peak RSS (as Orchard's
+    # bench reports), which includes the Python interpreter and torch import.
+    peak = (torch.cuda.max_memory_allocated() if dev.startswith("cuda")
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1e3) / 1e6
+    n = sum(p.numel() for p in model.parameters())
+    print(f"pytorch {mode} {prec} d{L} w{C} vocab {V} batch {B}x{T}: {B * T / med:.0f} tokens/s "
+          f"(median {med:.4f} s/step), peak {peak:.0f} MB, {n} params")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Orchard vs PyTorch training throughput, same architecture, one run.
+#   bench/run_train_bench.sh cuda   (GPT-2 small size: d12, width 768, vocab 50304, 16 x 1024)
+#   bench/run_train_bench.sh cpu    (d4, d6, d12 at width 64*depth, vocab 8192, 8 x 256)
+# Needs build/ (or BUILD_DIR) and a Python with torch (PEER_PYTHON, default
+# python3; on Debian: apt-get install python3-torch, then PEER_PYTHON=/usr/bin/python3).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BUILD_DIR:-$root/build}/orchard_bench_train
+peer=$root/bench/peers/gpt_train_step.py
+py=${PEER_PYTHON:-python3}
+if [ "${1:-cpu}" = cuda ]; then
+  args="cuda 12 768 6 50304 16 1024 20"
+  "$bin" $args
+  "$py" "$peer" $args eager fp32
+  "$py" "$peer" $args eager bf16
+  "$py" "$peer" $args compile bf16
+else
+  for d in 4 6 12; do
+    w=$((64 * d)); h=$(( (w + 127) / 128 ))
+    args="cpu $d $w $h 8192 8 256 5"
+    "$bin" $args
+    "$py" "$peer" $args eager fp32
+  done
+fi
