@@ -142,9 +142,10 @@ cmd_quickstart() {
   say "Checking this machine (orchard doctor)"
   "$BUILD_DIR/orchard" doctor
   # The main job: WordNet corpus -> tokenizer -> shards -> a small GPT
-  # (the quick preset), then samples. Run again to resume or to see it done.
-  say "Training a small GPT on WordNet (orchard train --preset quick)"
-  "$BUILD_DIR/orchard" train --preset quick "$@"
+  # (`orchard train` with no arguments: the quick run), then samples. Run
+  # again to resume or to see it done.
+  say "Training a small GPT on WordNet (orchard train)"
+  "$BUILD_DIR/orchard" train "$@"
 }
 
 case "${1:-}" in

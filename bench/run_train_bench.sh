@@ -11,7 +11,9 @@ peer=$root/bench/peers/gpt_train_step.py
 py=${PEER_PYTHON:-python3}
 if [ "${1:-cpu}" = cuda ]; then
   args="cuda 12 768 6 50304 16 1024 20"
-  "$bin" $args
+  "$bin" $args fp32 adamw
+  "$bin" $args bf16 adamw
+  "$bin" $args bf16 muon
   "$py" "$peer" $args eager fp32
   "$py" "$peer" $args eager bf16
   "$py" "$peer" $args compile bf16
@@ -19,7 +21,7 @@ else
   for d in 4 6 12; do
     w=$((64 * d)); h=$(( (w + 127) / 128 ))
     args="cpu $d $w $h 8192 8 256 5"
-    "$bin" $args
+    "$bin" $args fp32 adamw
     "$py" "$peer" $args eager fp32
   done
 fi

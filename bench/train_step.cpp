@@ -1,11 +1,14 @@
-// Training throughput of Orchard's GPT: forward, backward and an AdamW step
-// on random tokens, float32.
+// Training throughput of Orchard's GPT: forward, backward and an optimizer
+// step on random tokens, with the optimizer and autocast `orchard train`
+// uses (train/optimizer.h, compat::AutocastGuard).
 //   orchard_bench_train DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS
+//   [fp32|bf16] [adamw|muon]
 // Prints tokens/s (median of the timed steps after 3 warm-up steps) and the
 // peak memory (CUDA allocator; process RSS on the CPU).
 #include "core/machine.h"
 #include "core/torch_compat.h"
 #include "models/gpt.h"
+#include "train/optimizer.h"
 
 #include <sys/resource.h>
 
@@ -21,7 +24,8 @@ int main(int argc, char** argv) {
   if (argc < 9) {
     std::fprintf(
         stderr,
-        "usage: %s DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS\n",
+        "usage: %s DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS "
+        "[fp32|bf16] [adamw|muon]\n",
         argv[0]);
     return 2;
   }
@@ -34,22 +38,41 @@ int main(int argc, char** argv) {
   c.vocab_size = std::atoll(argv[5]);
   int64_t B = std::atoll(argv[6]), T = std::atoll(argv[7]),
           steps = std::atoll(argv[8]);
+  const std::string prec = argc > 9 ? argv[9] : "fp32";
+  const std::string optimizer = argc > 10 ? argv[10] : "adamw";
+  const auto dtype = prec == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   c.max_seq_len = T;
   torch::manual_seed(0);
   orchard::models::Gpt model(c);
   model->to(dev);
-  torch::optim::AdamW opt(
-      model->parameters(), torch::optim::AdamWOptions(1e-3));
+  // One group per optimizer kind, as orchard train builds them.
+  orchard::train::NamedTensors matrices, rest;
+  for (const auto& p : model->named_parameters())
+    (optimizer == "muon" && p.value().dim() == 2 &&
+             p.key().rfind("blocks.", 0) == 0
+         ? matrices
+         : rest)
+        .push_back({p.key(), p.value()});
+  std::vector<orchard::train::ParamGroup> groups = {{"rest", rest, 1e-3, 0.0}};
+  if (!matrices.empty())
+    groups.push_back({"matrices", matrices, 0.02, 0.0, true});
+  orchard::train::OptimizerOptions oo;
+  oo.newton_schulz_dtype = dtype;
+  orchard::train::Optimizers opt(groups, oo);
   auto x = torch::randint(0, c.vocab_size, {B, T}, torch::kLong).to(dev);
   auto y = torch::randint(0, c.vocab_size, {B, T}, torch::kLong).to(dev);
   std::vector<double> times;
   for (int64_t s = 0; s < steps + 3; ++s) {
     orchard::compat::synchronize(dev);
     auto t0 = std::chrono::steady_clock::now();
-    auto loss = model->loss(x, y);
+    torch::Tensor loss;
+    {
+      orchard::compat::AutocastGuard autocast(dev.type(), dtype);
+      loss = model->loss(x, y);
+    }
     opt.zero_grad();
     loss.backward();
-    opt.step();
+    opt.step(1.0, s);
     orchard::compat::synchronize(dev);
     double dt =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -73,8 +96,10 @@ int main(int argc, char** argv) {
     peak_mb = double(ru.ru_maxrss) / 1e3;
   }
   std::printf(
-      "orchard  d%lld w%lld vocab %lld batch %lldx%lld: %.0f tokens/s (median %.4f s/step), "
+      "orchard %s %s d%lld w%lld vocab %lld batch %lldx%lld: %.0f tokens/s (median %.4f s/step), "
       "peak %.0f MB, %lld params\n",
+      prec.c_str(),
+      optimizer.c_str(),
       (long long)c.n_layer,
       (long long)c.n_embd,
       (long long)c.vocab_size,

@@ -29,7 +29,27 @@ Command register_train(CLI::App& root) {
             config::resolve(pretrain_schema(), &cfg, sources_of(st->config));
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        auto result = train::run_pretraining(cfg, origins, d);
+        // Samples during training (sample_every): continuations of two
+        // held-out documents with the weights evaluation uses.
+        auto sample_hook = [&cfg](
+                               const models::Gpt& model,
+                               const std::string& tokenizer_dir,
+                               const std::vector<std::string>& val_shards,
+                               int64_t step) {
+          infer::LoadedModel loaded;
+          loaded.model = model;
+          loaded.tokenizer_dir = tokenizer_dir;
+          infer::SamplingOptions opt;
+          opt.max_new_tokens = 24;
+          opt.temperature = 0.7;
+          opt.seed = uint64_t(cfg.seed);
+          std::printf("Samples at step %lld:\n", (long long)step);
+          for (const auto& [prompt, text] : infer::sample_validation_documents(
+                   loaded, val_shards, 2, 6, opt))
+            std::printf("  [%s]%s\n", prompt.c_str(), text.c_str());
+          std::fflush(stdout);
+        };
+        auto result = train::run_pretraining(cfg, origins, d, sample_hook);
         if (result.interrupted)
           return 0;
         // A few continuations of held-out documents.

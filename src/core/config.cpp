@@ -179,11 +179,16 @@ void assign(
           *p = parse_string(o, origin, text);
         } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
           *p = parse_list(text);
-        } else {
+        } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
           if (lower(trim(text)) == "auto")
             *p = std::nullopt;
           else
             *p = parse_int(o, origin, text);
+        } else {
+          if (lower(trim(text)) == "auto")
+            *p = std::nullopt;
+          else
+            *p = parse_float(o, origin, text);
         }
       },
       ref);
@@ -216,8 +221,10 @@ std::string type_name(const FieldRef& ref) {
           return "string";
         else if constexpr (std::is_same_v<T, std::vector<std::string>>)
           return "list";
-        else
+        else if constexpr (std::is_same_v<T, std::optional<int64_t>>)
           return "int|auto";
+        else
+          return "float|auto";
       },
       ref);
 }
@@ -457,6 +464,18 @@ Origins resolve(const Schema& schema, void* cfg, const Sources& sources) {
   return origins;
 }
 
+namespace {
+// Keeps floats recognisable as floats in YAML: 1 -> 1.0.
+std::string float_text(double v) {
+  std::ostringstream out;
+  out << std::setprecision(10) << v;
+  std::string s = out.str();
+  if (s.find_first_of(".eEn") == std::string::npos)
+    s += ".0";
+  return s;
+}
+} // namespace
+
 std::string value_text(const Option& option, void* cfg) {
   return std::visit(
       [](auto* p) -> std::string {
@@ -464,13 +483,7 @@ std::string value_text(const Option& option, void* cfg) {
         if constexpr (std::is_same_v<T, int64_t>) {
           return std::to_string(*p);
         } else if constexpr (std::is_same_v<T, double>) {
-          std::ostringstream out;
-          out << std::setprecision(10) << *p;
-          std::string s = out.str();
-          // Keep floats recognisable as floats in YAML: 1 -> 1.0.
-          if (s.find_first_of(".eEn") == std::string::npos)
-            s += ".0";
-          return s;
+          return float_text(*p);
         } else if constexpr (std::is_same_v<T, bool>) {
           return *p ? "true" : "false";
         } else if constexpr (std::is_same_v<T, std::string>) {
@@ -480,8 +493,10 @@ std::string value_text(const Option& option, void* cfg) {
           for (size_t i = 0; i < p->size(); ++i)
             s += (i ? ", " : "") + yaml_string((*p)[i]);
           return s + "]";
-        } else {
+        } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
           return p->has_value() ? std::to_string(**p) : "auto";
+        } else {
+          return p->has_value() ? float_text(**p) : "auto";
         }
       },
       option.access(cfg));

@@ -28,15 +28,17 @@
 
 namespace orchard::config {
 
-// Pointer to the field an option sets. std::optional<int64_t> is an integer
-// that may be `auto` (nullopt): resolved later from other settings.
+// Pointer to the field an option sets. std::optional<int64_t> (<double>) is
+// an integer (a number) that may be `auto` (nullopt): resolved later from
+// other settings.
 using FieldRef = std::variant<
     int64_t*,
     double*,
     bool*,
     std::string*,
     std::vector<std::string>*,
-    std::optional<int64_t>*>;
+    std::optional<int64_t>*,
+    std::optional<double>*>;
 
 using FieldAccess = std::function<FieldRef(void*)>;
 

@@ -15,6 +15,7 @@ DeviceInfo cuda_device(const MachineFacts& m, int index, std::string why) {
   d.name = m.cuda[index].name;
   d.total_memory = m.cuda[index].total_bytes;
   d.free_memory = m.cuda[index].free_bytes;
+  d.compute_capability = m.cuda[index].compute_capability;
   d.why = std::move(why);
   return d;
 }

@@ -21,6 +21,7 @@ struct DeviceInfo {
   uint64_t total_memory = 0; // memory the device computes from
   uint64_t free_memory = 0;
   bool unified_memory = false; // MPS: the GPU shares system RAM
+  int compute_capability = 0;  // CUDA: 80 for sm_80 (Ampere); 0 unknown
 };
 
 // Throws UserError (exit 2) for a malformed request or an unavailable device;

@@ -258,6 +258,7 @@ MachineFacts probe_machine() {
       if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) {
         g.name = prop.name;
         g.total_bytes = prop.totalGlobalMem;
+        g.compute_capability = prop.major * 10 + prop.minor;
       }
       int previous = 0;
       cudaGetDevice(&previous);

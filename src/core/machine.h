@@ -22,6 +22,7 @@ struct GpuFacts {
   std::string name; // "NVIDIA H100 80GB HBM3"
   uint64_t total_bytes = 0;
   uint64_t free_bytes = 0;
+  int compute_capability = 0; // 90 for sm_90; 0 when unknown
 };
 
 struct MachineFacts {

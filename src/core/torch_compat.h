@@ -14,9 +14,17 @@
 #include <string>
 #include <type_traits>
 
+#include <ATen/autocast_mode.h>
+
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/mps.h>
 #endif
+
+// libtorch 2.4 replaced autocast's per-backend functions (set_enabled,
+// set_cpu_enabled, set_autocast_gpu_dtype, ...) with ones taking a device type.
+#define ORCHARD_AUTOCAST_BY_DEVICE_TYPE \
+  (TORCH_VERSION_MAJOR > 2 ||           \
+   (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 // Not a compile-time difference, but one of linking: PyTorch 2.x's
 // libtorch.so exports std::filesystem::remove_all, which then replaces the
@@ -121,6 +129,83 @@ typename StateMap::key_type optimizer_state_key(
   } else {
     return static_cast<Key>(impl);
   }
+}
+
+// Autocast (mixed precision) for the tensors of one device type while the
+// guard lives: matrix products run in `dtype`, reductions, norms and the
+// loss in float32, weights stay float32 (PyTorch's torch.autocast). The
+// cast weights are cached for the region and dropped when the outermost
+// guard ends, as Python's context manager does. A float32 dtype is a no-op.
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType type, torch::ScalarType dtype) : type_(type) {
+    if (dtype == torch::kFloat32)
+      return;
+    active_ = true;
+#if ORCHARD_AUTOCAST_BY_DEVICE_TYPE
+    was_enabled_ = at::autocast::is_autocast_enabled(type);
+    was_dtype_ = at::autocast::get_autocast_dtype(type);
+    at::autocast::set_autocast_dtype(type, dtype);
+    at::autocast::set_autocast_enabled(type, true);
+#else
+    if (type == torch::kCUDA) {
+      was_enabled_ = at::autocast::is_enabled();
+      was_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_autocast_gpu_dtype(dtype);
+      at::autocast::set_enabled(true);
+    } else if (type == torch::kCPU) {
+      was_enabled_ = at::autocast::is_cpu_enabled();
+      was_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_autocast_cpu_dtype(dtype);
+      at::autocast::set_cpu_enabled(true);
+    } else {
+      active_ = false; // 1.13 has no MPS autocast; callers check support
+      return;
+    }
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!active_)
+      return;
+    if (at::autocast::decrement_nesting() == 0)
+      at::autocast::clear_cache();
+#if ORCHARD_AUTOCAST_BY_DEVICE_TYPE
+    at::autocast::set_autocast_enabled(type_, was_enabled_);
+    at::autocast::set_autocast_dtype(type_, was_dtype_);
+#else
+    if (type_ == torch::kCUDA) {
+      at::autocast::set_enabled(was_enabled_);
+      at::autocast::set_autocast_gpu_dtype(was_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(was_enabled_);
+      at::autocast::set_autocast_cpu_dtype(was_dtype_);
+    }
+#endif
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::DeviceType type_;
+  bool active_ = false, was_enabled_ = false;
+  torch::ScalarType was_dtype_ = torch::kFloat32;
+};
+
+// Whether this libtorch can autocast tensors of `type` to `dtype`: CUDA
+// (bf16, fp16) everywhere, CPU bf16 everywhere (fp16 from 2.x), MPS from
+// 2.5 (Apple's autocast landed then).
+inline bool autocast_supported(
+    torch::DeviceType type,
+    torch::ScalarType dtype) {
+  if (dtype == torch::kFloat32 || type == torch::kCUDA)
+    return true;
+  if (type == torch::kCPU)
+    return dtype == torch::kBFloat16 || kTorch2;
+  if (type == torch::kMPS)
+    return TORCH_VERSION_MAJOR > 2 ||
+        (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
+  return false;
 }
 
 inline bool has_fused_attention() {

@@ -166,7 +166,8 @@ std::vector<std::pair<std::string, std::string>> sample_validation_documents(
   std::vector<std::pair<std::string, std::string>> out;
   if (!bos || val_shards.empty())
     return out;
-  Engine engine(loaded.model, torch::kCPU);
+  // On the device the weights are on (the GPU while training samples).
+  Engine engine(loaded.model, loaded.model->wte->weight.device());
   SamplingOptions o = opt;
   o.stop_tokens.push_back(*bos);
   data::Shard shard = data::Shard::open(val_shards.front());

@@ -1,75 +1,25 @@
 #include "train/pretrain.h"
 
 #include "core/error.h"
-#include "core/files.h"
-#include "core/progress.h"
 #include "data/loader.h"
-#include "models/gpt.h"
 #include "text/tokenizer_io.h"
-#include "train/checkpoint.h"
 #include "train/data_cache.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
 #include "train/schedule.h"
-#include "train/train_state.h"
+#include "train/trainer.h"
 
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 namespace orchard::train {
 namespace {
 namespace fs = std::filesystem;
 
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void on_stop_signal(int sig) {
-  g_stop_signal = sig;
-}
-
-// SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits.
-struct SignalGuard {
-  struct sigaction old_int {
-  }, old_term{};
-  SignalGuard() {
-    g_stop_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-  }
-  ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-};
-
-// Prints to the terminal and appends to train.log.
-struct RunLog {
-  std::ofstream file;
-  explicit RunLog(const std::string& path) : file(path, std::ios::app) {}
-  void operator()(const std::string& line) {
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    file << line << "\n";
-    file.flush();
-  }
-};
-
-// A number from state.json, or `fallback` when it is absent or null (NaN
-// and infinity are written as null).
-double number_or(const nlohmann::json& j, const char* key, double fallback) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>()
-                                               : fallback;
-}
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
+// Learning rates of the matrices when `lr` is auto.
+constexpr double kAdamwMatrixLr = 3e-3;
+constexpr double kMuonMatrixLr = 0.02; // nanochat's and modded-nanogpt's
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -125,18 +75,124 @@ double unigram_loss(
   return n ? nll / double(n) : 0;
 }
 
+// Later sources win: preset < --config file < environment < command line.
+int source_rank(const config::Origins& origins, const std::string& key) {
+  auto it = origins.find(key);
+  if (it == origins.end())
+    return 0;
+  const std::string& o = it->second;
+  if (o == "command line")
+    return 4;
+  if (o.rfind("environment", 0) == 0)
+    return 3;
+  if (o.rfind("preset", 0) == 0)
+    return 1;
+  return 2; // a --config file
+}
+
+struct SplitLoss {
+  double loss = 0, bpb = 0;
+};
+
+// Mean loss and bits per byte over up to `tokens` tokens of `shards`, read
+// in order from the start.
+SplitLoss split_loss(
+    models::Gpt& model,
+    const std::vector<std::string>& shards,
+    int64_t batch,
+    int64_t seq_len,
+    int64_t tokens,
+    const torch::Tensor& byte_counts,
+    const torch::Device& dev) {
+  data::TokenLoader loader(shards, batch, seq_len, false, 0);
+  const int64_t steps = std::max<int64_t>(
+      1,
+      std::min<int64_t>(
+          tokens / (batch * seq_len), int64_t(loader.steps_per_epoch())));
+  torch::Tensor nats = torch::zeros({}, torch::kFloat64).to(dev),
+                bytes = torch::zeros({}, torch::kFloat64).to(dev),
+                total = torch::zeros({}, torch::kFloat64).to(dev);
+  int64_t count = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto b = loader.next();
+    auto x = b.x.to(dev), y = b.y.to(dev).view({-1});
+    auto logits = model->forward(x);
+    auto loss = torch::nn::functional::cross_entropy(
+                    logits.view({-1, logits.size(-1)}).to(torch::kFloat32),
+                    y,
+                    torch::nn::functional::CrossEntropyFuncOptions().reduction(
+                        torch::kNone))
+                    .to(torch::kFloat64);
+    auto nb = byte_counts.index_select(0, y);
+    nats += (loss * (nb > 0)).sum();
+    bytes += nb.sum();
+    total += loss.sum();
+    count += y.numel();
+  }
+  const double b = bytes.item<double>();
+  return {
+      total.item<double>() / double(count),
+      b > 0 ? nats.item<double>() / (std::log(2.0) * b) : 0.0};
+}
+
 } // namespace
+
+int64_t resolve_num_steps(
+    const PretrainConfig& cfg,
+    const config::Origins& origins,
+    int64_t windows_per_epoch,
+    int64_t sequences_per_step) {
+  struct Length {
+    const char* key;
+    bool set;
+  };
+  std::vector<Length> lengths = {
+      {"num_iterations", cfg.num_iterations.has_value()},
+      {"target_tokens", cfg.target_tokens.has_value()},
+      {"epochs", cfg.epochs.has_value()}};
+  const Length* chosen = nullptr;
+  for (const auto& l : lengths) {
+    if (!l.set)
+      continue;
+    if (!chosen ||
+        source_rank(origins, l.key) > source_rank(origins, chosen->key)) {
+      chosen = &l;
+    } else if (
+        source_rank(origins, l.key) == source_rank(origins, chosen->key)) {
+      auto where = [&](const char* k) {
+        auto it = origins.find(k);
+        return it == origins.end() ? std::string("default") : it->second;
+      };
+      throw UserError(
+          std::string("both ") + chosen->key + " (" + where(chosen->key) +
+          ") and " + l.key + " (" + where(l.key) +
+          ") set the length of training; keep one of them.");
+    }
+  }
+  const int64_t tokens_per_step = sequences_per_step * cfg.max_seq_len;
+  const std::string key = chosen ? chosen->key : "epochs";
+  if (key == "num_iterations")
+    return *cfg.num_iterations;
+  if (key == "target_tokens")
+    return std::max<int64_t>(
+        1, (*cfg.target_tokens + tokens_per_step - 1) / tokens_per_step);
+  const double epochs = cfg.epochs.value_or(1.0);
+  if (epochs <= 0)
+    throw UserError(
+        "epochs=" + fmt("%g", epochs) + ": train for more than 0 epochs.");
+  return std::max<int64_t>(
+      1,
+      int64_t(std::ceil(
+          epochs * double(windows_per_epoch) / double(sequences_per_step))));
+}
 
 PretrainResult run_pretraining(
     const PretrainConfig& cfg,
     const config::Origins& origins,
-    const DeviceInfo& device) {
-  if (cfg.dtype != "auto" && cfg.dtype != "float32")
-    throw UserError(
-        "dtype=" + cfg.dtype +
-        ": `orchard train` runs in float32 for now (mixed precision is not "
-        "built yet); use dtype=float32 or auto.");
+    const DeviceInfo& device,
+    const SampleHook& sample) {
   const torch::Device dev = device.device;
+  const Precision precision = resolve_precision(cfg.dtype, device);
   // Batch arithmetic first: a batch that does not divide fails before any
   // data is prepared.
   const int64_t B = cfg.device_batch_size.value_or(
@@ -156,114 +212,48 @@ PretrainResult run_pretraining(
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir
       : "runs/" + (cfg.run.empty() ? mc.tag() : cfg.run);
+  result.val_shards = data.val_shards;
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
-  PretrainConfig resolved = cfg;
-  resolved.device_batch_size = B;
-  config::write_yaml(
-      result.run_dir + "/config.yaml", pretrain_schema(), &resolved, origins);
 
   torch::manual_seed(cfg.seed);
   models::Gpt model(mc);
   model->to(dev);
-  data::TokenLoader train(
+  auto train_loader = std::make_shared<data::TokenLoader>(
       data.train_shards, B, T, /*shuffle=*/true, uint64_t(cfg.seed));
-  const int64_t total = cfg.num_iterations.value_or(
-      std::max<int64_t>(1, int64_t(train.steps_per_epoch()) / accum));
+  const int64_t total = resolve_num_steps(
+      cfg, origins, int64_t(train_loader->steps_per_epoch()) * B, B * accum);
   result.total = total;
-  result.val_shards = data.val_shards;
 
-  // AdamW with three groups: matrices (decayed), embedding, lm_head.
-  std::vector<torch::Tensor> matrices, embedding = {model->wte->weight},
-                                       head = {model->lm_head->weight};
-  for (const auto& p : model->blocks->parameters())
-    matrices.push_back(p);
-  auto group = [&](std::vector<torch::Tensor> params, double lr, double wd) {
-    return torch::optim::OptimizerParamGroup(
-        std::move(params),
-        std::make_unique<torch::optim::AdamWOptions>(
-            torch::optim::AdamWOptions(lr)
-                .betas({0.8, 0.95})
-                .eps(1e-10)
-                .weight_decay(wd)));
-  };
-  std::vector<double> base_lr = {cfg.lr, cfg.embedding_lr, cfg.unembedding_lr};
-  torch::optim::AdamW opt(
-      {group(matrices, cfg.lr, cfg.weight_decay),
-       group(embedding, cfg.embedding_lr, 0.0),
-       group(head, cfg.unembedding_lr, 0.0)},
-      torch::optim::AdamWOptions(cfg.lr));
+  PretrainConfig resolved = cfg;
+  resolved.device_batch_size = B;
+  const bool muon = cfg.optimizer == "muon";
+  resolved.lr = cfg.lr.value_or(muon ? kMuonMatrixLr : kAdamwMatrixLr);
+  if (!cfg.num_iterations && !cfg.epochs && !cfg.target_tokens)
+    resolved.num_iterations = total; // what auto (one epoch) came to
+  config::write_yaml(
+      result.run_dir + "/config.yaml", pretrain_schema(), &resolved, origins);
 
-  // EMA of the weights, for evaluation and the final model.
-  std::vector<torch::Tensor> ema;
-  if (cfg.ema)
-    for (const auto& p : model->parameters())
-      ema.push_back(p.detach().clone());
-
-  // Resume.
-  int64_t start = 0;
-  double best_val = std::numeric_limits<double>::infinity();
-  int64_t best_step = -1;
-  std::optional<Checkpoint> ckpt;
-  if (cfg.resume == "auto") {
-    std::vector<std::string> skipped;
-    ckpt = latest_checkpoint(result.run_dir, &skipped);
-    for (const auto& s : skipped)
-      log("Warning: " + s);
-  } else if (cfg.resume != "never") {
-    ckpt = load_checkpoint(cfg.resume);
-  }
-  if (ckpt) {
-    torch::NoGradGuard no_grad;
-    auto params = model->named_parameters();
-    for (auto& named : params) {
-      auto it = ckpt->model.find(named.key());
-      if (it == ckpt->model.end() ||
-          it->second.sizes() != named.value().sizes())
-        throw UserError(
-            "checkpoint " + ckpt->dir + " does not fit this model ('" +
-            named.key() +
-            "' missing or of another shape): the architecture settings changed. "
-            "Use the original settings, another run name, or resume=never.");
-      named.value().copy_(it->second);
-    }
-    for (size_t i = 0; i < ema.size(); ++i) {
-      auto it = ckpt->model.find("ema." + params[i].key());
-      if (it != ckpt->model.end())
-        ema[i].copy_(it->second);
-    }
-    load_adamw_state(opt, *model, ckpt->optimizer);
-    load_rng_state(ckpt->optimizer);
-    const auto& ld = ckpt->state.at("loader");
-    train.restore(
-        {ld.at("epoch").get<uint64_t>(), ld.at("step").get<uint64_t>()});
-    start = ckpt->step;
-    best_val = number_or(ckpt->state, "best_val_loss", best_val);
-    best_step = int64_t(number_or(ckpt->state, "best_step", -1));
-    log("Resuming from " + ckpt->dir + " (step " + std::to_string(start) +
-        " of " + std::to_string(total) + ").");
-    if (start >= total) {
-      result.already_done = true;
-      result.step = start;
-      result.val_loss = number_or(ckpt->state, "val_loss", 0.0);
-      result.val_bpb = number_or(ckpt->state, "val_bpb", 0.0);
-      log("This run is already complete at step " + std::to_string(start) +
-          "; raise num_iterations to train further, or use another run name.");
-      return result;
-    }
-  }
-
-  log("Data: " + data.description + "; tokenizer " + data.tokenizer_dir + " (" +
-      std::to_string(tok.vocab_size()) + " tokens)");
-  log("Model: " + mc.tag() + ", " + std::to_string(model->num_parameters()) +
-      " parameters (" + std::to_string(mc.n_layer) + " layers, width " +
-      std::to_string(mc.n_embd) + ", " + std::to_string(mc.n_head) +
-      " heads, " + std::to_string(mc.n_kv_head) + " kv heads)");
-  log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
-      " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
-      ", " + std::to_string(accum) + " accumulation step(s), " +
-      std::to_string(cfg.total_batch_size) + " tokens per step; " +
-      std::to_string(total) + " steps; run folder " + result.run_dir);
+  // Parameter groups: the blocks' matrices, the embedding, lm_head.
+  NamedTensors matrices;
+  for (const auto& p : model->named_parameters())
+    if (p.key().rfind("blocks.", 0) == 0)
+      matrices.push_back({p.key(), p.value()});
+  std::vector<ParamGroup> groups = {
+      {"matrices", matrices, *resolved.lr, cfg.weight_decay, muon},
+      {"embedding",
+       {{"wte.weight", model->wte->weight}},
+       cfg.embedding_lr,
+       0.0},
+      {"lm_head",
+       {{"lm_head.weight", model->lm_head->weight}},
+       cfg.unembedding_lr,
+       0.0}};
+  OptimizerOptions oo;
+  oo.newton_schulz_dtype = precision.compute == torch::kBFloat16
+      ? torch::kBFloat16
+      : torch::kFloat32;
+  Optimizers optimizers(std::move(groups), oo);
 
   // Evaluation batches: the micro-batch, or fewer rows when the validation
   // split is small. Checked now, not after training.
@@ -275,185 +265,135 @@ PretrainResult run_pretraining(
         std::to_string(T + 1) +
         " tokens; give more text or a shorter max_seq_len.");
   auto byte_counts = token_byte_counts(tok, mc.vocab_size).to(dev);
-  auto evaluate = [&]() -> std::pair<double, double> {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> saved;
-    if (!ema.empty()) { // evaluate the EMA weights
-      auto params = model->parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        saved.push_back(params[i].detach().clone());
-        params[i].copy_(ema[i]);
-      }
-    }
-    data::TokenLoader val(data.val_shards, eval_batch, T, false, 0);
-    int64_t steps = std::max<int64_t>(
-        1,
-        std::min<int64_t>(
-            cfg.eval_tokens / (eval_batch * T),
-            int64_t(val.steps_per_epoch())));
-    double nats = 0, bytes = 0, loss_total = 0, count = 0;
-    for (int64_t s = 0; s < steps; ++s) {
-      auto b = val.next();
-      auto x = b.x.to(dev), y = b.y.to(dev);
-      auto logits = model->forward(x);
-      auto loss =
-          torch::nn::functional::cross_entropy(
-              logits.view({-1, logits.size(-1)}),
-              y.view({-1}),
-              torch::nn::functional::CrossEntropyFuncOptions().reduction(
-                  torch::kNone))
-              .to(torch::kFloat64);
-      auto nb = byte_counts.index_select(0, y.view({-1}));
-      nats += (loss * (nb > 0)).sum().item<double>();
-      bytes += nb.sum().item<double>();
-      loss_total += loss.sum().item<double>();
-      count += double(y.numel());
-    }
-    double mean_loss = loss_total / count;
-    if (!saved.empty()) {
-      auto params = model->parameters();
-      for (size_t i = 0; i < params.size(); ++i)
-        params[i].copy_(saved[i]);
-    }
-    return {mean_loss, bytes > 0 ? nats / (std::log(2.0) * bytes) : 0.0};
+
+  TrainingTask task;
+  task.model = model.ptr();
+  task.micro_step = [&, train_loader] {
+    auto b = train_loader->next();
+    return model->loss(b.x.to(dev), b.y.to(dev));
   };
+  task.evaluate = [&] {
+    SplitLoss s = split_loss(
+        model,
+        data.val_shards,
+        eval_batch,
+        T,
+        cfg.eval_tokens,
+        byte_counts,
+        dev);
+    return EvalResult{
+        s.loss,
+        {{"val_bpb", s.bpb}},
+        "val loss " + fmt("%.4f", s.loss) + ", " + fmt("%.4f", s.bpb) +
+            " bits per byte"};
+  };
+  if (sample)
+    task.sample = [&](int64_t step) {
+      sample(model, data.tokenizer_dir, data.val_shards, step);
+    };
+  task.data_state = [train_loader] {
+    auto s = train_loader->state();
+    return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+  };
+  task.restore_data = [train_loader](const nlohmann::json& j) {
+    train_loader->restore(
+        {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
+  };
+  task.describe = {
+      {"model",
+       {{"n_layer", mc.n_layer},
+        {"n_embd", mc.n_embd},
+        {"n_head", mc.n_head},
+        {"n_kv_head", mc.n_kv_head},
+        {"vocab_size", mc.vocab_size},
+        {"max_seq_len", mc.max_seq_len}}},
+      {"tokenizer", data.tokenizer_dir}};
 
-  auto save =
-      [&](int64_t step, double val_loss, double val_bpb, bool complete) {
-        NamedTensors model_t, opt_t;
-        auto params = model->named_parameters();
-        for (auto& p : params)
-          model_t.push_back({p.key(), p.value()});
-        for (size_t i = 0; i < ema.size(); ++i)
-          model_t.push_back({"ema." + params[i].key(), ema[i]});
-        opt_t = adamw_state(opt, *model);
-        for (auto& r : rng_state())
-          opt_t.push_back(r);
-        auto ls = train.state();
-        nlohmann::json state = {
-            {"total_steps", total},
-            {"loader", {{"epoch", ls.epoch}, {"step", ls.step}}},
-            {"val_loss", val_loss},
-            {"val_bpb", val_bpb},
-            {"best_val_loss", best_val},
-            {"best_step", best_step},
-            {"complete", complete},
-            {"model",
-             {{"n_layer", mc.n_layer},
-              {"n_embd", mc.n_embd},
-              {"n_head", mc.n_head},
-              {"n_kv_head", mc.n_kv_head},
-              {"vocab_size", mc.vocab_size},
-              {"max_seq_len", mc.max_seq_len}}},
-            {"tokenizer", data.tokenizer_dir}};
-        std::string dir =
-            save_checkpoint(result.run_dir, step, model_t, opt_t, state);
-        prune_checkpoints(
-            result.run_dir,
-            cfg.save_total_limit,
-            cfg.keep_best && best_step >= 0 ? std::optional<int64_t>(best_step)
-                                            : std::nullopt);
-        return dir;
-      };
+  TrainerOptions to{
+      .run_dir = result.run_dir,
+      .device = dev,
+      .precision = precision,
+      .total_steps = total,
+      .grad_accum = accum,
+      .tokens_per_step = cfg.total_batch_size,
+      .grad_clip = cfg.grad_clip,
+      .warmup_steps = cfg.warmup_steps,
+      .warmdown_ratio = cfg.warmdown_ratio,
+      .ema = cfg.ema,
+      .ema_rate = cfg.ema_rate,
+      .eval_every = cfg.eval_every,
+      .sample_every = cfg.sample_every,
+      .save_every = cfg.save_every,
+      .save_total_limit = cfg.save_total_limit,
+      .keep_best = cfg.keep_best,
+      .resume = cfg.resume};
+  Trainer trainer(to, task, optimizers, log);
+  const int64_t start = trainer.resume();
+  if (start < total) {
+    log("Data: " + data.description + "; tokenizer " + data.tokenizer_dir +
+        " (" + std::to_string(tok.vocab_size()) + " tokens)");
+    log("Model: " + mc.tag() + ", " + std::to_string(model->num_parameters()) +
+        " parameters (" + std::to_string(mc.n_layer) + " layers, width " +
+        std::to_string(mc.n_embd) + ", " + std::to_string(mc.n_head) +
+        " heads, " + std::to_string(mc.n_kv_head) + " kv heads)");
+    log("Precision: " + precision.name + " (" + precision.why + ")");
+    log("Optimizer: " + optimizers.describe());
+    log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
+        " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
+        ", " + std::to_string(accum) + " accumulation step(s), " +
+        std::to_string(cfg.total_batch_size) + " tokens per step; " +
+        std::to_string(total) + " steps (" +
+        fmt("%.2f",
+            double(total * B * accum) /
+                double(
+                    std::max<size_t>(1, train_loader->steps_per_epoch()) * B)) +
+        " epochs); run folder " + result.run_dir);
+  }
+  TrainerResult tr = trainer.run();
+  result.step = tr.step;
+  result.interrupted = tr.interrupted;
+  result.already_done = tr.already_done;
+  if (tr.interrupted || tr.already_done) {
+    result.val_loss = tr.final_eval.loss;
+    return result;
+  }
+  result.val_loss = tr.final_eval.loss;
+  for (const auto& [name, v] : tr.final_eval.metrics)
+    if (name == "val_bpb")
+      result.val_bpb = v;
 
-  MetricsWriter metrics(result.run_dir + "/metrics.jsonl");
-  SignalGuard signals;
-  ProgressLine progress;
-  double val_loss = std::nan(""), val_bpb = std::nan("");
-  int64_t last_saved = start;
-  for (int64_t step = start; step < total; ++step) {
-    double t0 = now_s();
-    double mult =
-        lr_multiplier(step, total, cfg.warmup_steps, cfg.warmdown_ratio);
-    for (size_t g = 0; g < opt.param_groups().size(); ++g)
-      static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[g].options())
-          .lr(base_lr[g] * mult);
-    opt.zero_grad();
-    double loss_sum = 0;
-    for (int64_t m = 0; m < accum; ++m) {
-      auto b = train.next();
-      auto loss = model->loss(b.x.to(dev), b.y.to(dev)) / double(accum);
-      loss.backward();
-      loss_sum += loss.item<double>();
-    }
-    if (cfg.grad_clip > 0)
-      torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.grad_clip);
-    opt.step();
-    if (!ema.empty()) {
-      torch::NoGradGuard no_grad;
-      auto params = model->parameters();
-      for (size_t i = 0; i < params.size(); ++i)
-        ema[i].mul_(cfg.ema_rate).add_(params[i].detach(), 1.0 - cfg.ema_rate);
-    }
-    const int64_t done = step + 1;
-    double dt = now_s() - t0;
-    double tok_s = double(cfg.total_batch_size) / std::max(dt, 1e-9);
-    progress.update(
-        {.step = done,
-         .total = total,
-         .loss = loss_sum,
-         .lr = cfg.lr * mult,
-         .tokens_per_s = tok_s});
-    metrics.write(
-        {{"step", double(done)},
-         {"loss", loss_sum},
-         {"lr", cfg.lr * mult},
-         {"tokens_per_s", tok_s}});
-    if (cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != total) {
-      std::tie(val_loss, val_bpb) = evaluate();
-      if (val_loss < best_val) {
-        best_val = val_loss;
-        best_step = done;
-      }
-      progress.message(
-          "step " + std::to_string(done) + ": val loss " +
-          fmt("%.4f", val_loss) + ", " + fmt("%.4f", val_bpb) +
-          " bits per byte");
-      log.file << "step " << done << ": val loss " << val_loss << ", bpb "
-               << val_bpb << "\n";
-      metrics.write(
-          {{"step", double(done)},
-           {"val_loss", val_loss},
-           {"val_bpb", val_bpb}});
-    }
-    bool stop = g_stop_signal != 0;
-    if ((cfg.save_every > 0 && done % cfg.save_every == 0 && done != total) ||
-        stop) {
-      save(done, val_loss, val_bpb, false);
-      last_saved = done;
-    }
-    if (stop) {
-      progress.finish();
-      log(std::string("Stopped by ") +
-          (g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
-          std::to_string(done) +
-          "; saved a checkpoint. Run the same "
-          "command again to resume from step " +
-          std::to_string(done) + ".");
-      result.step = done;
-      result.interrupted = true;
-      return result;
-    }
-  }
-  (void)last_saved;
-  progress.finish();
-  std::tie(val_loss, val_bpb) = evaluate();
-  if (val_loss < best_val) {
-    best_val = val_loss;
-    best_step = total;
-  }
-  metrics.write(
-      {{"step", double(total)}, {"val_loss", val_loss}, {"val_bpb", val_bpb}});
-  std::string dir = save(total, val_loss, val_bpb, true);
-  result.step = total;
-  result.val_loss = val_loss;
-  result.val_bpb = val_bpb;
+  // The final loss on each split (nanochat's base_loss), then the baseline.
+  const int64_t split_tokens = cfg.split_tokens.value_or(cfg.eval_tokens);
+  trainer.with_eval_weights([&] {
+    result.train_split_loss = split_loss(
+                                  model,
+                                  data.train_shards,
+                                  eval_batch,
+                                  T,
+                                  split_tokens,
+                                  byte_counts,
+                                  dev)
+                                  .loss;
+    result.val_split_loss = split_loss(
+                                model,
+                                data.val_shards,
+                                eval_batch,
+                                T,
+                                split_tokens,
+                                byte_counts,
+                                dev)
+                                .loss;
+  });
   result.unigram_loss =
       unigram_loss(data.train_shards, data.val_shards, mc.vocab_size);
   log("Done: step " + std::to_string(total) + ", validation loss " +
-      fmt("%.4f", val_loss) + " (" + fmt("%.4f", val_bpb) +
+      fmt("%.4f", result.val_loss) + " (" + fmt("%.4f", result.val_bpb) +
       " bits per byte); a unigram model scores " +
-      fmt("%.4f", result.unigram_loss) + ". Final checkpoint: " + dir);
+      fmt("%.4f", result.unigram_loss) + ".");
+  log("Loss on " + std::to_string(split_tokens) +
+      " tokens of each split: train " + fmt("%.4f", result.train_split_loss) +
+      ", val " + fmt("%.4f", result.val_split_loss) +
+      ". Final checkpoint: " + tr.checkpoint_dir);
   return result;
 }
 

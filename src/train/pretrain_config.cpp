@@ -12,7 +12,7 @@ const config::Schema& pretrain_schema() {
         {.key = "depth",
          .access = field(&C::depth),
          .help = "number of transformer layers; sets width and heads too "
-                 "(4 quick, 6 default, 20 GPT-2 class)",
+                 "(4 default and quick, 6 overnight, 20 GPT-2 class)",
          .env = "DEPTH",
          .min = 1,
          .max = 256});
@@ -59,7 +59,7 @@ const config::Schema& pretrain_schema() {
     s.add(
         {.key = "max_seq_len",
          .access = field(&C::max_seq_len),
-         .help = "tokens per sequence (512; 2048 for GPT-2 class)",
+         .help = "tokens per sequence (256; 2048 for GPT-2 class)",
          .min = 1});
     s.add(
         {.key = "device_batch_size",
@@ -71,20 +71,38 @@ const config::Schema& pretrain_schema() {
         {.key = "total_batch_size",
          .access = field(&C::total_batch_size),
          .help = "tokens per optimizer step; gradient accumulation makes up "
-                 "the difference (16384)",
+                 "the difference (4096)",
          .env = "TOTAL_BATCH_SIZE",
          .min = 1});
     s.add(
         {.key = "num_iterations",
          .access = field(&C::num_iterations),
-         .help = "optimizer steps (auto: one pass over the data)",
+         .help = "optimizer steps (100; auto: one pass over the data)",
          .env = "BASE_ITERATIONS",
          .min = 1});
     s.add(
+        {.key = "epochs",
+         .access = field(&C::epochs),
+         .help = "passes over the training data (auto; instead of "
+                 "num_iterations)",
+         .min = 0});
+    s.add(
+        {.key = "target_tokens",
+         .access = field(&C::target_tokens),
+         .help = "tokens to train on (auto; instead of num_iterations)",
+         .min = 1});
+    s.add(
+        {.key = "optimizer",
+         .access = field(&C::optimizer),
+         .help = "muon for the transformer's matrices with AdamW for the "
+                 "embedding and lm_head, or adamw for all (muon)",
+         .choices = {"adamw", "muon"}});
+    s.add(
         {.key = "lr",
          .access = field(&C::lr),
-         .help =
-             "peak AdamW learning rate of the transformer's matrices (3e-3)",
+         .help = "peak learning rate of the transformer's matrices (auto: "
+                 "3e-3 with AdamW, 0.02 with Muon)",
+         .aliases = {"matrix_lr", "learning_rate"},
          .min = 0});
     s.add(
         {.key = "embedding_lr",
@@ -165,23 +183,30 @@ const config::Schema& pretrain_schema() {
     s.add(
         {.key = "eval_every",
          .access = field(&C::eval_every),
-         .help = "steps between validation losses (250; 0: only at the end)",
+         .help = "steps between validation losses (50; 0: only at the end)",
          .min = 0});
     s.add(
         {.key = "eval_tokens",
          .access = field(&C::eval_tokens),
-         .help = "validation tokens per evaluation (65536)",
+         .help = "validation tokens per evaluation (16384)",
          .env = "EVAL_TOKENS",
+         .min = 1});
+    s.add(
+        {.key = "split_tokens",
+         .access = field(&C::split_tokens),
+         .help = "tokens of each split (train, val) in the final loss "
+                 "(auto: eval_tokens)",
+         .env = "SPLIT_TOKENS",
          .min = 1});
     s.add(
         {.key = "sample_every",
          .access = field(&C::sample_every),
-         .help = "steps between printed samples (500; 0: never)",
+         .help = "steps between printed samples (50; 0: never)",
          .min = 0});
     s.add(
         {.key = "save_every",
          .access = field(&C::save_every),
-         .help = "steps between checkpoints (500; 0: only at the end)",
+         .help = "steps between checkpoints (25; 0: only at the end)",
          .min = 0});
     s.add(
         {.key = "save_total_limit",

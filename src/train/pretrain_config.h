@@ -25,9 +25,12 @@ struct ArchConfig {
   std::optional<int64_t> vocab_size; // auto: the tokenizer's
 };
 
+// The defaults are `orchard train` with no arguments: the quick run that
+// `./orchard.sh quickstart` trains (d4, 100 Muon steps of 4096 tokens; a few
+// minutes on a 2-core CPU). configs/overnight.yaml is the larger one.
 struct PretrainConfig {
   // Model
-  int64_t depth = 6;
+  int64_t depth = 4;
   ArchConfig arch;
 
   // Data
@@ -35,15 +38,21 @@ struct PretrainConfig {
   std::string data_dir;                // "": $ORCHARD_HOME or ~/.cache/orchard
 
   // Batch
-  int64_t max_seq_len = 512;
+  int64_t max_seq_len = 256;
   std::optional<int64_t> device_batch_size; // auto: the memory planner's
-  int64_t total_batch_size = 16384;         // tokens per optimizer step
+  int64_t total_batch_size = 4096;          // tokens per optimizer step
 
-  // Length
-  std::optional<int64_t> num_iterations; // auto: from the data size
+  // Length: one of these (a later source wins over an earlier one; the
+  // default num_iterations loses to any of them set); num_iterations=auto
+  // with the others unset means one pass over the training data.
+  std::optional<int64_t> num_iterations = 100;
+  std::optional<double> epochs;
+  std::optional<int64_t> target_tokens;
 
-  // Optimization (AdamW; three parameter groups)
-  double lr = 3e-3; // the transformer's matrices
+  // Optimization: three parameter groups (matrices, embedding, lm_head);
+  // `optimizer=muon` gives the matrices Muon, the others AdamW.
+  std::string optimizer = "muon";
+  std::optional<double> lr; // the matrices' (auto: 3e-3 AdamW, 0.02 Muon)
   double embedding_lr = 3e-2;
   double unembedding_lr = 3e-3;
   int64_t warmup_steps = 0;
@@ -63,10 +72,12 @@ struct PretrainConfig {
   bool keep_best = false;
   std::string run;     // "": the model tag, e.g. d6
   std::string run_dir; // "": runs/<run>
-  int64_t eval_every = 250;
-  int64_t eval_tokens = 65536;
-  int64_t sample_every = 500;
-  int64_t save_every = 500;
+  int64_t eval_every = 50;
+  int64_t eval_tokens = 16384;
+  std::optional<int64_t>
+      split_tokens; // final train/val loss (auto: eval_tokens)
+  int64_t sample_every = 50;
+  int64_t save_every = 25;
   int64_t save_total_limit = 3;
 };
 

@@ -1,67 +1,45 @@
 #include "train/train_state.h"
 
-#include "core/error.h"
-#include "core/torch_compat.h"
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 namespace orchard::train {
+namespace {
 
-NamedTensors adamw_state(
-    const torch::optim::AdamW& opt,
-    const torch::nn::Module& model) {
-  NamedTensors out;
-  const auto& state = opt.state();
-  for (const auto& named : model.named_parameters()) {
-    auto it = state.find(compat::optimizer_state_key(state, named.value()));
-    if (it == state.end())
-      continue; // no step taken yet
-    const auto& s =
-        static_cast<const torch::optim::AdamWParamState&>(*it->second);
-    out.push_back({named.key() + ".exp_avg", s.exp_avg()});
-    out.push_back({named.key() + ".exp_avg_sq", s.exp_avg_sq()});
-    out.push_back({named.key() + ".step", torch::tensor(int64_t(s.step()))});
-  }
-  return out;
+std::string cuda_key(const torch::Device& device) {
+  return "rng.cuda." + std::to_string(device.index() < 0 ? 0 : device.index());
 }
 
-void load_adamw_state(
-    torch::optim::AdamW& opt,
-    const torch::nn::Module& model,
-    const std::map<std::string, torch::Tensor>& saved) {
-  for (const auto& named : model.named_parameters()) {
-    const std::string& n = named.key();
-    auto avg = saved.find(n + ".exp_avg");
-    if (avg == saved.end())
-      continue;
-    auto sq = saved.find(n + ".exp_avg_sq");
-    auto step = saved.find(n + ".step");
-    const auto& p = named.value();
-    if (sq == saved.end() || step == saved.end() ||
-        avg->second.sizes() != p.sizes())
-      throw UserError(
-          "the checkpoint's optimizer state for '" + n +
-          "' does not match the model (was the architecture changed?).");
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(step->second.item<int64_t>());
-    s->exp_avg(avg->second.to(p.device(), p.scalar_type()).clone());
-    s->exp_avg_sq(sq->second.to(p.device(), p.scalar_type()).clone());
-    opt.state()[compat::optimizer_state_key(opt.state(), p)] = std::move(s);
-  }
+at::Generator cuda_generator(const torch::Device& device) {
+  return at::globalContext().defaultGenerator(
+      c10::Device(c10::kCUDA, device.index() < 0 ? 0 : device.index()));
 }
 
-NamedTensors rng_state() {
+} // namespace
+
+NamedTensors rng_state(const torch::Device& device) {
   NamedTensors out;
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   out.push_back({"rng.cpu", cpu.get_state()});
+  if (device.is_cuda())
+    out.push_back({cuda_key(device), cuda_generator(device).get_state()});
   return out;
 }
 
-void load_rng_state(const std::map<std::string, torch::Tensor>& saved) {
+void load_rng_state(
+    const std::map<std::string, torch::Tensor>& saved,
+    const torch::Device& device) {
   auto it = saved.find("rng.cpu");
   if (it != saved.end()) {
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     cpu.set_state(it->second);
+  }
+  if (device.is_cuda()) {
+    // A checkpoint from another device index or from the CPU has no state
+    // for this GPU: its generator keeps the seed it was given.
+    auto c = saved.find(cuda_key(device));
+    if (c != saved.end())
+      cuda_generator(device).set_state(c->second);
   }
 }
 

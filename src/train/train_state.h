@@ -1,5 +1,5 @@
-// What a checkpoint needs beyond the weights: the AdamW moments and step
-// counts, and the random number generators' states, as named tensors.
+// The random number generators' states, as named tensors for a checkpoint
+// (the optimizer's live in train/optimizer.h).
 #pragma once
 
 #include "train/checkpoint.h"
@@ -11,19 +11,11 @@
 
 namespace orchard::train {
 
-// Per parameter (by its name in `model`): "<name>.exp_avg",
-// "<name>.exp_avg_sq", "<name>.step".
-NamedTensors adamw_state(
-    const torch::optim::AdamW& opt,
-    const torch::nn::Module& model);
-// UserError when the checkpoint's optimizer does not match the model.
-void load_adamw_state(
-    torch::optim::AdamW& opt,
-    const torch::nn::Module& model,
-    const std::map<std::string, torch::Tensor>& saved);
-
-// "rng.cpu" (and "rng.cuda.N" when CUDA is in use).
-NamedTensors rng_state();
-void load_rng_state(const std::map<std::string, torch::Tensor>& saved);
+// "rng.cpu", plus "rng.cuda.N" when `device` is CUDA device N (dropout and
+// sampling on the GPU draw from it).
+NamedTensors rng_state(const torch::Device& device);
+void load_rng_state(
+    const std::map<std::string, torch::Tensor>& saved,
+    const torch::Device& device);
 
 } // namespace orchard::train

@@ -34,14 +34,17 @@ TEST(Cli, ConfigHelpListsEveryOptionWithItsDefault) {
   auto r = run_orchard({"config", "--help"});
   EXPECT_EQ(r.exit_code, 0);
   for (const char* opt :
-       {"depth=6",
+       {"depth=4",
         "arch.n_embd=auto",
         "device_batch_size=auto",
-        "total_batch_size=16384",
-        "lr=0.003",
+        "total_batch_size=4096",
+        "optimizer=muon",
+        "lr=auto",
+        "epochs=auto",
+        "split_tokens=auto",
         "dtype=auto",
         "seed=42",
-        "save_every=500",
+        "save_every=25",
         "--preset",
         "--config",
         "--device",

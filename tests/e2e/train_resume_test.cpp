@@ -82,6 +82,7 @@ TEST(TrainResume, SigkillAtSeveralPointsThenResumeIsBitExact) {
   TinyRun t;
   auto ref = test::run_orchard(t.args("reference"), t.env);
   ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  EXPECT_NE(ref.out.find("Optimizer: Muon"), std::string::npos) << ref.out;
   auto want = t.final_weights("reference");
   for (int64_t kill_after : {4, 16, 28}) {
     std::string run = "killed_" + std::to_string(kill_after);
@@ -100,6 +101,30 @@ TEST(TrainResume, SigkillAtSeveralPointsThenResumeIsBitExact) {
         want,
         "killed after step " + std::to_string(kill_after));
   }
+}
+
+// The same with AdamW and EMA (the default is Muon without EMA): one kill.
+TEST(TrainResume, AdamwWithEmaResumesBitExact) {
+  TinyRun t;
+  auto args = [&](const std::string& run) {
+    auto a = t.args(run);
+    a.push_back("optimizer=adamw");
+    a.push_back("ema=true");
+    return a;
+  };
+  auto ref = test::run_orchard(args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  EXPECT_NE(ref.out.find("Optimizer: AdamW"), std::string::npos) << ref.out;
+  pid_t pid = test::spawn_orchard(args("killed"), t.env, t.dir.file("k.log"));
+  bool mid_run = wait_for_checkpoint(t.dir.file("killed"), 12, pid);
+  ::kill(pid, SIGKILL);
+  test::wait_child(pid);
+  EXPECT_TRUE(mid_run);
+  auto again = test::run_orchard(args("killed"), t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  auto got = t.final_weights("killed");
+  EXPECT_TRUE(got.count("ema.wte.weight"));
+  expect_identical(got, t.final_weights("reference"), "AdamW + EMA");
 }
 
 TEST(TrainResume, SigtermSavesExitsZeroAndResumes) {
@@ -145,6 +170,49 @@ TEST(TrainResume, DamagedNewestCheckpointFallsBackToThePreviousOne) {
       << again.out;
   EXPECT_NE(again.out.find("Resuming from"), std::string::npos);
   EXPECT_NE(again.out.find("step_000008"), std::string::npos) << again.out;
+}
+
+// sample_every prints samples while training; epochs sets the length;
+// bfloat16 autocast trains on the CPU; the split losses are printed.
+TEST(TrainOptions, SamplesEpochsAndBfloat16) {
+  TinyRun t;
+  auto args = t.args("opts");
+  args[7] = "epochs=0.5"; // replaces num_iterations=40
+  args.push_back("sample_every=4");
+  args.push_back("dtype=bfloat16");
+  args.push_back("save_every=0");
+  auto r = test::run_orchard(args, t.env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Samples at step 4:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Precision: bfloat16 autocast"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(0.50 epochs)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens of each split: train"), std::string::npos)
+      << r.out;
+  // The loss went down: the last logged step's loss is below the first's.
+  std::string m = test::read_text(t.dir.file("opts/metrics.jsonl"));
+  auto first = m.find("\"loss\":"), last = m.rfind("\"loss\":");
+  ASSERT_NE(first, last);
+  EXPECT_LT(std::stod(m.substr(last + 7)), std::stod(m.substr(first + 7)) - 0.5)
+      << m;
+}
+
+TEST(TrainOptions, BadLengthAndPrecisionSettingsExitTwo) {
+  TinyRun t;
+  auto both = t.args("both");
+  both.push_back("epochs=2"); // num_iterations=40 is on the command line too
+  auto r = test::run_orchard(both, t.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("keep one of them"), std::string::npos) << r.err;
+  auto f16 = t.args("f16");
+  f16.push_back("dtype=float16");
+  auto h = test::run_orchard(f16, t.env);
+  if (h.exit_code != 0) { // libtorch 1.13 cannot autocast float16 on the CPU
+    EXPECT_EQ(h.exit_code, 2);
+    EXPECT_NE(
+        h.err.find("dtype=float16 is not available on cpu"), std::string::npos)
+        << h.err;
+  }
 }
 
 TEST(TrainResume, IndivisibleBatchIsTheKnownMessage) {

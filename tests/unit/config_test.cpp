@@ -44,7 +44,9 @@ PretrainConfig resolved(const Sources& s, config::Origins* origins = nullptr) {
 
 TEST(Config, DefaultsWhenNoSource) {
   PretrainConfig c = resolved(sources());
-  EXPECT_EQ(c.depth, 6);
+  EXPECT_EQ(c.depth, 4); // the quick run
+  EXPECT_EQ(c.optimizer, "muon");
+  EXPECT_FALSE(c.lr.has_value());                // auto: by optimizer
   EXPECT_FALSE(c.device_batch_size.has_value()); // auto
   EXPECT_EQ(c.dtype, "auto");
   EXPECT_TRUE(c.data_paths.empty());
@@ -63,7 +65,7 @@ TEST(Config, OverridesOfEveryType) {
        "total_batch_size=2e5"}));
   EXPECT_EQ(c.depth, 8);
   EXPECT_EQ(c.arch.n_embd, 512);
-  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.lr.value_or(0), 3e-4);
   EXPECT_TRUE(c.ema);
   EXPECT_EQ(c.data_paths, (std::vector<std::string>{"a.txt", "b c.txt", "d"}));
   EXPECT_EQ(c.device_batch_size, 16);
@@ -145,7 +147,7 @@ TEST(Config, EnvironmentAliases) {
 
 TEST(Config, PrecedencePresetFileEnvironmentCommandLine) {
   TempDir dir;
-  // quick sets depth 4, max_seq_len 256 and num_iterations 50.
+  // quick sets depth 4, max_seq_len 256 and num_iterations 100.
   std::string file = dir.write(
       "run.yaml",
       "depth: 5\n"
@@ -158,11 +160,11 @@ TEST(Config, PrecedencePresetFileEnvironmentCommandLine) {
   config::Origins origins;
   PretrainConfig c = resolved(s, &origins);
   EXPECT_EQ(c.num_iterations, 100); // preset only
-  EXPECT_EQ(c.max_seq_len, 128);   // file over preset
-  EXPECT_EQ(c.eval_tokens, 999);   // environment over preset
-  EXPECT_EQ(c.depth, 7);           // command line over all
-  EXPECT_EQ(c.arch.n_head, 2);     // nested map in the file
-  EXPECT_EQ(origins["num_iterations"], "preset quick (configs/quick.yaml:8)");
+  EXPECT_EQ(c.max_seq_len, 128);    // file over preset
+  EXPECT_EQ(c.eval_tokens, 999);    // environment over preset
+  EXPECT_EQ(c.depth, 7);            // command line over all
+  EXPECT_EQ(c.arch.n_head, 2);      // nested map in the file
+  EXPECT_EQ(origins["num_iterations"], "preset quick (configs/quick.yaml:10)");
   EXPECT_EQ(origins["max_seq_len"], file + ":2");
   EXPECT_EQ(origins["arch.n_head"], file + ":4");
   EXPECT_EQ(origins["depth"], "command line");
@@ -256,7 +258,7 @@ TEST(Config, HelpTableListsEveryOptionWithDefault) {
   std::string help = config::help_table(pretrain_schema(), &c);
   for (const auto& o : pretrain_schema().options())
     EXPECT_NE(help.find(o.key + "="), std::string::npos) << o.key;
-  EXPECT_NE(help.find("depth=6"), std::string::npos);
+  EXPECT_NE(help.find("depth=4"), std::string::npos);
   EXPECT_NE(help.find("(env DEPTH)"), std::string::npos);
 }
 

@@ -1,0 +1,210 @@
+#include "train/optimizer.h"
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace orchard::train {
+namespace {
+
+// The quintic's coefficients from the Muon write-up.
+constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
+constexpr double kNsEps = 1e-7; // keeps the first normalisation finite
+
+std::string fmt_lr(double lr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", lr);
+  return buf;
+}
+
+} // namespace
+
+torch::Tensor newton_schulz_orthogonalize(
+    const torch::Tensor& g,
+    int64_t steps,
+    torch::ScalarType dtype) {
+  TORCH_CHECK(
+      g.dim() == 2,
+      "[newton_schulz] expected a matrix, got ",
+      g.dim(),
+      " dims");
+  auto x = g.to(dtype);
+  // Iterate on the wide orientation: X X^T is then the smaller Gram matrix.
+  const bool tall = x.size(0) > x.size(1);
+  if (tall)
+    x = x.t();
+  x = x / (x.norm() + kNsEps); // spectral norm <= Frobenius norm <= 1
+  for (int64_t i = 0; i < steps; ++i) {
+    auto a = torch::matmul(x, x.t());               // (rows, rows)
+    auto b = kNsB * a + kNsC * torch::matmul(a, a); // (rows, rows)
+    x = kNsA * x + torch::matmul(b, x);             // (rows, cols)
+  }
+  if (tall)
+    x = x.t();
+  return x;
+}
+
+Optimizers::Optimizers(std::vector<ParamGroup> groups, OptimizerOptions options)
+    : groups_(std::move(groups)), options_(options) {
+  std::vector<torch::optim::OptimizerParamGroup> adam_groups;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    if (g.muon) {
+      for (const auto& [name, p] : g.params)
+        TORCH_CHECK(p.dim() == 2, "[muon] ", name, " is not a matrix");
+      continue;
+    }
+    std::vector<torch::Tensor> params;
+    for (const auto& [name, p] : g.params)
+      params.push_back(p);
+    adam_groups.emplace_back(
+        std::move(params),
+        std::make_unique<torch::optim::AdamWOptions>(
+            torch::optim::AdamWOptions(g.lr)
+                .betas({options_.adam_beta1, options_.adam_beta2})
+                .eps(options_.adam_eps)
+                .weight_decay(g.weight_decay)));
+    adamw_group_of_.push_back(gi);
+  }
+  if (!adam_groups.empty())
+    adamw_ = std::make_unique<torch::optim::AdamW>(
+        std::move(adam_groups), torch::optim::AdamWOptions(1e-3));
+}
+
+Optimizers::~Optimizers() = default;
+
+void Optimizers::zero_grad() {
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params)
+      if (p.grad().defined())
+        p.mutable_grad() = torch::Tensor(); // set to none, as PyTorch does
+}
+
+void Optimizers::step(double lr_multiplier, int64_t step) {
+  torch::NoGradGuard no_grad;
+  if (adamw_) {
+    for (size_t i = 0; i < adamw_group_of_.size(); ++i)
+      static_cast<torch::optim::AdamWOptions&>(
+          adamw_->param_groups()[i].options())
+          .lr(groups_[adamw_group_of_[i]].lr * lr_multiplier);
+    adamw_->step();
+  }
+  const double frac = options_.muon_momentum_warmup > 0
+      ? std::min(1.0, double(step) / double(options_.muon_momentum_warmup))
+      : 1.0;
+  const double momentum =
+      (1 - frac) * options_.muon_momentum_start + frac * options_.muon_momentum;
+  for (const auto& g : groups_) {
+    if (!g.muon)
+      continue;
+    const double lr = g.lr * lr_multiplier;
+    for (const auto& [name, p] : g.params) {
+      if (!p.grad().defined())
+        continue;
+      auto grad = p.grad();
+      auto& buf = muon_momentum_[name];
+      if (!buf.defined())
+        buf = torch::zeros_like(p);
+      buf.lerp_(grad, 1 - momentum);          // buf = m buf + (1 - m) g
+      auto update = grad.lerp(buf, momentum); // Nesterov: (1 - m) g + m buf
+      update = newton_schulz_orthogonalize(
+          update, options_.newton_schulz_steps, options_.newton_schulz_dtype);
+      const double aspect =
+          std::sqrt(std::max(1.0, double(p.size(0)) / double(p.size(1))));
+      if (g.weight_decay > 0)
+        p.mul_(1 - lr * g.weight_decay);
+      p.add_(update.to(p.scalar_type()), -lr * aspect);
+    }
+  }
+}
+
+std::vector<torch::Tensor> Optimizers::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params)
+      out.push_back(p);
+  return out;
+}
+
+std::string Optimizers::describe() const {
+  std::string muon, adam;
+  for (const auto& g : groups_) {
+    auto& s = g.muon ? muon : adam;
+    s += (s.empty() ? "" : ", ") + g.name + " lr " + fmt_lr(g.lr);
+  }
+  std::string out;
+  if (!muon.empty())
+    out = "Muon (" + muon + ")";
+  if (!adam.empty())
+    out += (out.empty() ? "" : " + ") + std::string("AdamW (") + adam + ")";
+  return out;
+}
+
+NamedTensors Optimizers::state() const {
+  NamedTensors out;
+  for (const auto& g : groups_) {
+    for (const auto& [name, p] : g.params) {
+      if (g.muon) {
+        auto it = muon_momentum_.find(name);
+        if (it != muon_momentum_.end())
+          out.push_back({name + ".momentum_buffer", it->second});
+        continue;
+      }
+      const auto& state = adamw_->state();
+      auto it = state.find(compat::optimizer_state_key(state, p));
+      if (it == state.end())
+        continue; // no step taken yet
+      const auto& s =
+          static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      out.push_back({name + ".exp_avg", s.exp_avg()});
+      out.push_back({name + ".exp_avg_sq", s.exp_avg_sq()});
+      out.push_back({name + ".step", torch::tensor(int64_t(s.step()))});
+    }
+  }
+  return out;
+}
+
+void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
+  auto mismatch = [](const std::string& name, const std::string& what) {
+    return UserError(
+        "the checkpoint's optimizer state for '" + name + "' " + what +
+        " (was the architecture or `optimizer` changed?). Use the original "
+        "settings, another run name, or resume=never.");
+  };
+  for (const auto& g : groups_) {
+    for (const auto& [name, p] : g.params) {
+      if (g.muon) {
+        if (saved.count(name + ".exp_avg"))
+          throw mismatch(name, "was written by AdamW, not Muon");
+        auto it = saved.find(name + ".momentum_buffer");
+        if (it == saved.end())
+          continue;
+        if (it->second.sizes() != p.sizes())
+          throw mismatch(name, "has another shape");
+        muon_momentum_[name] =
+            it->second.to(p.device(), p.scalar_type()).clone();
+        continue;
+      }
+      if (saved.count(name + ".momentum_buffer"))
+        throw mismatch(name, "was written by Muon, not AdamW");
+      auto avg = saved.find(name + ".exp_avg");
+      if (avg == saved.end())
+        continue;
+      auto sq = saved.find(name + ".exp_avg_sq");
+      auto step = saved.find(name + ".step");
+      if (sq == saved.end() || step == saved.end() ||
+          avg->second.sizes() != p.sizes())
+        throw mismatch(name, "does not match the model");
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(step->second.item<int64_t>());
+      s->exp_avg(avg->second.to(p.device(), p.scalar_type()).clone());
+      s->exp_avg_sq(sq->second.to(p.device(), p.scalar_type()).clone());
+      adamw_->state()[compat::optimizer_state_key(adamw_->state(), p)] =
+          std::move(s);
+    }
+  }
+}
+
+} // namespace orchard::train

@@ -1,0 +1,389 @@
+#include "train/trainer.h"
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/torch_compat.h"
+#include "train/schedule.h"
+#include "train/train_state.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+namespace orchard::train {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+
+// SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits.
+struct SignalGuard {
+  struct sigaction old_int {
+  }, old_term{};
+  SignalGuard() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~SignalGuard() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+// Steps in a row with a non-finite gradient (float32/bfloat16) before the
+// run stops as diverged rather than train on garbage.
+constexpr int64_t kMaxNonFiniteSteps = 5;
+constexpr double kClipEps = 1e-6; // torch.nn.utils.clip_grad_norm_'s
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+double number_or(
+    const nlohmann::json& j,
+    const std::string& key,
+    double fallback) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>()
+                                               : fallback;
+}
+
+} // namespace
+
+RunLog::RunLog(const std::string& path) : file_(path, std::ios::app) {}
+
+void RunLog::operator()(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  file_only(line);
+}
+
+void RunLog::file_only(const std::string& line) {
+  file_ << line << "\n";
+  file_.flush();
+}
+
+Trainer::Trainer(
+    TrainerOptions options,
+    TrainingTask task,
+    Optimizers& optimizers,
+    RunLog& log)
+    : opt_(std::move(options)),
+      task_(std::move(task)),
+      optimizers_(optimizers),
+      log_(log),
+      scaler_(opt_.precision.loss_scaling) {
+  if (opt_.ema) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : task_.model->parameters())
+      ema_.push_back(p.detach().clone());
+  }
+}
+
+int64_t Trainer::resume() {
+  if (start_)
+    return *start_;
+  start_ = 0;
+  std::optional<Checkpoint> ckpt;
+  if (opt_.resume == "auto") {
+    std::vector<std::string> skipped;
+    ckpt = latest_checkpoint(opt_.run_dir, &skipped);
+    for (const auto& s : skipped)
+      log_("Warning: " + s);
+  } else if (opt_.resume != "never") {
+    ckpt = load_checkpoint(opt_.resume);
+  }
+  if (!ckpt)
+    return 0;
+  torch::NoGradGuard no_grad;
+  auto params = task_.model->named_parameters();
+  for (auto& named : params) {
+    auto it = ckpt->model.find(named.key());
+    if (it == ckpt->model.end() || it->second.sizes() != named.value().sizes())
+      throw UserError(
+          "checkpoint " + ckpt->dir + " does not fit this model ('" +
+          named.key() +
+          "' missing or of another shape): the architecture settings changed. "
+          "Use the original settings, another run name, or resume=never.");
+    named.value().copy_(it->second);
+  }
+  for (size_t i = 0; i < ema_.size(); ++i) {
+    auto it = ckpt->model.find("ema." + params[i].key());
+    // A checkpoint from a run without EMA starts the average at the weights.
+    ema_[i].copy_(it != ckpt->model.end() ? it->second : params[i].value());
+  }
+  optimizers_.load(ckpt->optimizer);
+  load_rng_state(ckpt->optimizer, opt_.device);
+  if (task_.restore_data && ckpt->state.contains("loader"))
+    task_.restore_data(ckpt->state.at("loader"));
+  if (ckpt->state.contains("loss_scaler"))
+    scaler_.load(ckpt->state.at("loss_scaler"));
+  best_val_ = number_or(ckpt->state, "best_val_loss", best_val_);
+  best_step_ = int64_t(number_or(ckpt->state, "best_step", -1));
+  last_val_ = number_or(ckpt->state, "val_loss", last_val_);
+  skipped_ = int64_t(number_or(ckpt->state, "skipped_steps", 0));
+  start_ = ckpt->step;
+  log_(
+      "Resuming from " + ckpt->dir + " (step " + std::to_string(ckpt->step) +
+      " of " + std::to_string(opt_.total_steps) + ").");
+  return *start_;
+}
+
+void Trainer::with_eval_weights(const std::function<void()>& fn) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> saved;
+  auto params = task_.model->parameters();
+  if (!ema_.empty())
+    for (size_t i = 0; i < params.size(); ++i) {
+      saved.push_back(params[i].detach().clone());
+      params[i].copy_(ema_[i]);
+    }
+  struct Restore { // also when fn throws
+    std::vector<torch::Tensor>& saved;
+    std::vector<torch::Tensor>& params;
+    ~Restore() {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < saved.size(); ++i)
+        params[i].copy_(saved[i]);
+    }
+  } restore{saved, params};
+  task_.model->eval();
+  compat::AutocastGuard autocast(opt_.device.type(), opt_.precision.compute);
+  fn();
+  task_.model->train();
+}
+
+void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
+  NamedTensors model_t, opt_t;
+  auto params = task_.model->named_parameters();
+  for (auto& p : params)
+    model_t.push_back({p.key(), p.value()});
+  for (size_t i = 0; i < ema_.size(); ++i)
+    model_t.push_back({"ema." + params[i].key(), ema_[i]});
+  opt_t = optimizers_.state();
+  for (auto& r : rng_state(opt_.device))
+    opt_t.push_back(r);
+  nlohmann::json state = task_.describe;
+  state["total_steps"] = opt_.total_steps;
+  if (task_.data_state)
+    state["loader"] = task_.data_state();
+  state["val_loss"] = last_val_;
+  if (eval)
+    for (const auto& [name, v] : eval->metrics)
+      state[name] = v;
+  state["best_val_loss"] = best_val_;
+  state["best_step"] = best_step_;
+  state["complete"] = complete;
+  state["skipped_steps"] = skipped_;
+  if (scaler_.enabled())
+    state["loss_scaler"] = scaler_.state();
+  std::string dir = save_checkpoint(opt_.run_dir, step, model_t, opt_t, state);
+  prune_checkpoints(
+      opt_.run_dir,
+      opt_.save_total_limit,
+      opt_.keep_best && best_step_ >= 0 ? std::optional<int64_t>(best_step_)
+                                        : std::nullopt);
+  last_checkpoint_ = dir;
+}
+
+void Trainer::take_step(
+    int64_t step,
+    double& loss,
+    double& grad_norm,
+    bool& applied) {
+  optimizers_.zero_grad();
+  const double scale = scaler_.scale();
+  torch::Tensor loss_sum;
+  for (int64_t m = 0; m < opt_.grad_accum; ++m) {
+    torch::Tensor micro;
+    {
+      compat::AutocastGuard autocast(
+          opt_.device.type(), opt_.precision.compute);
+      micro = task_.micro_step() / double(opt_.grad_accum);
+    }
+    (scale != 1.0 ? micro * scale : micro).backward();
+    loss_sum = loss_sum.defined() ? loss_sum + micro.detach() : micro.detach();
+  }
+  // The gradient norm (after unscaling), clipping, and the finite check in
+  // one host sync.
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : optimizers_.parameters())
+    if (p.grad().defined())
+      grads.push_back(p.grad());
+  torch::NoGradGuard no_grad;
+  if (scale != 1.0)
+    for (auto& g : grads)
+      g.mul_(1.0 / scale);
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : grads)
+    norms.push_back(g.norm(2).to(torch::kFloat32));
+  grad_norm = norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
+  loss = loss_sum.item<double>();
+  const bool finite = std::isfinite(grad_norm);
+  applied = scaler_.update(finite);
+  if (!applied)
+    return;
+  if (opt_.grad_clip > 0 && grad_norm > opt_.grad_clip)
+    for (auto& g : grads)
+      g.mul_(opt_.grad_clip / (grad_norm + kClipEps));
+  optimizers_.step(
+      lr_multiplier(
+          step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio),
+      step);
+  if (!ema_.empty()) {
+    auto params = task_.model->parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      ema_[i].mul_(opt_.ema_rate).add_(params[i].detach(), 1.0 - opt_.ema_rate);
+  }
+}
+
+TrainerResult Trainer::run() {
+  TrainerResult result;
+  result.total = opt_.total_steps;
+  const int64_t start = resume();
+  if (start >= opt_.total_steps) {
+    result.already_done = true;
+    result.step = start;
+    result.final_eval.loss = last_val_;
+    log_(
+        "This run is already complete at step " + std::to_string(start) +
+        "; raise the number of steps to train further, or use another run "
+        "name.");
+    return result;
+  }
+  task_.model->train();
+  MetricsWriter metrics(opt_.run_dir + "/metrics.jsonl");
+  SignalGuard signals;
+  ProgressLine progress;
+  EvalResult last_eval;
+  int64_t non_finite_run = 0;
+  const double peak_lr =
+      optimizers_.groups().empty() ? 0.0 : optimizers_.groups().front().lr;
+  auto evaluate = [&](int64_t done) {
+    with_eval_weights([&] { last_eval = task_.evaluate(); });
+    last_val_ = last_eval.loss;
+    if (last_eval.loss < best_val_) {
+      best_val_ = last_eval.loss;
+      best_step_ = done;
+    }
+    std::map<std::string, double> row = {
+        {"step", double(done)}, {"val_loss", last_eval.loss}};
+    for (const auto& [name, v] : last_eval.metrics)
+      row[name] = v;
+    metrics.write(row);
+  };
+  for (int64_t step = start; step < opt_.total_steps; ++step) {
+    const double t0 = now_s();
+    double loss = 0, grad_norm = 0;
+    bool applied = true;
+    take_step(step, loss, grad_norm, applied);
+    const int64_t done = step + 1;
+    if (!applied) {
+      ++skipped_;
+      if (scaler_.enabled()) {
+        progress.message(
+            "step " + std::to_string(done) +
+            ": float16 gradients overflowed; step skipped, loss scale now " +
+            fmt("%g", scaler_.scale()));
+      } else if (++non_finite_run >= kMaxNonFiniteSteps) {
+        progress.finish();
+        throw UserError(
+            "training diverged: the gradient was not finite for " +
+            std::to_string(kMaxNonFiniteSteps) + " steps in a row (step " +
+            std::to_string(done) +
+            "). Lower the learning rates or use dtype=float32, and resume "
+            "from the last good checkpoint in " +
+            opt_.run_dir + "/checkpoints (or start over with resume=never).");
+      } else {
+        progress.message(
+            "step " + std::to_string(done) +
+            ": the gradient is not finite (loss " + fmt("%g", loss) +
+            "); step skipped.");
+      }
+    } else {
+      non_finite_run = 0;
+    }
+    const double dt = now_s() - t0;
+    const double tok_s = double(opt_.tokens_per_step) / std::max(dt, 1e-9);
+    const double lr =
+        peak_lr *
+        lr_multiplier(
+            step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio);
+    progress.update(
+        {.step = done,
+         .total = opt_.total_steps,
+         .loss = loss,
+         .lr = lr,
+         .tokens_per_s = tok_s});
+    std::map<std::string, double> row = {
+        {"step", double(done)},
+        {"loss", loss},
+        {"lr", lr},
+        {"grad_norm", grad_norm},
+        {"tokens_per_s", tok_s}};
+    if (scaler_.enabled())
+      row["loss_scale"] = scaler_.scale();
+    metrics.write(row);
+    const bool last = done == opt_.total_steps;
+    if (opt_.eval_every > 0 && done % opt_.eval_every == 0 && !last) {
+      evaluate(done);
+      progress.message(
+          "step " + std::to_string(done) + ": " + last_eval.summary);
+      log_.file_only("step " + std::to_string(done) + ": " + last_eval.summary);
+    }
+    if (task_.sample && opt_.sample_every > 0 &&
+        done % opt_.sample_every == 0 && !last) {
+      progress.finish();
+      with_eval_weights([&] { task_.sample(done); });
+    }
+    const bool stop = g_stop_signal != 0;
+    if ((opt_.save_every > 0 && done % opt_.save_every == 0 && !last) || stop)
+      save(done, false, nullptr);
+    if (stop) {
+      progress.finish();
+      log_(
+          std::string("Stopped by ") +
+          (g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
+          std::to_string(done) +
+          "; saved a checkpoint. Run the same command again to resume from "
+          "step " +
+          std::to_string(done) + ".");
+      result.step = done;
+      result.interrupted = true;
+      result.checkpoint_dir = last_checkpoint_;
+      result.skipped_steps = skipped_;
+      return result;
+    }
+  }
+  progress.finish();
+  evaluate(opt_.total_steps);
+  save(opt_.total_steps, true, &last_eval);
+  result.step = opt_.total_steps;
+  result.final_eval = last_eval;
+  result.checkpoint_dir = last_checkpoint_;
+  result.skipped_steps = skipped_;
+  if (skipped_ > 0)
+    log_(
+        std::to_string(skipped_) +
+        " step(s) were skipped for non-finite "
+        "gradients.");
+  return result;
+}
+
+} // namespace orchard::train

@@ -1,0 +1,130 @@
+// The training loop every stage shares (base now; mid, SFT, LoRA, GRPO and
+// TRM configure it rather than copy it).
+//
+// A stage hands the Trainer a TrainingTask: the model whose parameters are
+// checkpointed, the loss of the next micro-batch, an evaluation, the data
+// position to save and restore, and optional samples. The Trainer owns
+// everything else: gradient accumulation, mixed precision (autocast and
+// float16 loss scaling), gradient clipping, the learning-rate schedule,
+// the optimizers' steps, EMA of the weights, periodic evaluation, samples,
+// checkpoints and pruning, exact resume (weights, EMA, optimizer state, RNG
+// states, data position, loss scale), SIGINT/SIGTERM (finish the step,
+// save, exit cleanly), the progress line, train.log and metrics.jsonl.
+#pragma once
+
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace orchard::train {
+
+// Prints to the terminal and appends to the run's train.log.
+class RunLog {
+ public:
+  explicit RunLog(const std::string& path);
+  void operator()(const std::string& line);
+  void file_only(const std::string& line);
+
+ private:
+  std::ofstream file_;
+};
+
+struct EvalResult {
+  double loss = 0; // the validation loss: best-checkpoint choice, progress
+  std::vector<std::pair<std::string, double>> metrics; // {"val_bpb", 1.2}
+  std::string summary; // "val loss 3.21, 1.05 bits per byte"
+};
+
+struct TrainingTask {
+  std::shared_ptr<torch::nn::Module> model;
+  // The mean loss of the next micro-batch (forward only; the Trainer runs
+  // it under autocast and calls backward).
+  std::function<torch::Tensor()> micro_step;
+  // An evaluation of the weights in place (the EMA weights when EMA is on),
+  // under autocast and without gradients.
+  std::function<EvalResult()> evaluate;
+  // Optional: print samples after `step` (same weights as evaluate).
+  std::function<void(int64_t step)> sample;
+  std::function<nlohmann::json()> data_state;
+  std::function<void(const nlohmann::json&)> restore_data;
+  // Written into every state.json (model shape, tokenizer, ...).
+  nlohmann::json describe = nlohmann::json::object();
+};
+
+struct TrainerOptions {
+  std::string run_dir;
+  torch::Device device{torch::kCPU};
+  Precision precision;
+  int64_t total_steps = 1;
+  int64_t grad_accum = 1;
+  int64_t tokens_per_step = 0; // for tokens/s
+  double grad_clip = 1.0;      // 0: off
+  int64_t warmup_steps = 0;
+  double warmdown_ratio = 0.2;
+  bool ema = false;
+  double ema_rate = 0.999;
+  int64_t eval_every = 0, sample_every = 0, save_every = 0;
+  int64_t save_total_limit = 3;
+  bool keep_best = false;
+  std::string resume = "auto"; // auto | never | a checkpoint folder
+};
+
+struct TrainerResult {
+  int64_t step = 0, total = 0;
+  EvalResult final_eval;
+  std::string checkpoint_dir; // the final (or the interrupt's) checkpoint
+  bool interrupted = false;   // stopped by SIGINT/SIGTERM after saving
+  bool already_done = false;  // the run was complete before this call
+  int64_t skipped_steps = 0;  // float16 steps whose gradients overflowed
+};
+
+class Trainer {
+ public:
+  Trainer(
+      TrainerOptions options,
+      TrainingTask task,
+      Optimizers& optimizers,
+      RunLog& log);
+
+  // Restores the newest good checkpoint (per options.resume); returns the
+  // step training continues from. Call before run(); run() calls it when
+  // it was not called.
+  int64_t resume();
+  TrainerResult run();
+
+  // Runs `fn` with the weights evaluation uses (EMA when on) in place.
+  void with_eval_weights(const std::function<void()>& fn);
+
+ private:
+  void save(int64_t step, bool complete, const EvalResult* eval);
+  void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
+
+  TrainerOptions opt_;
+  TrainingTask task_;
+  Optimizers& optimizers_;
+  RunLog& log_;
+  LossScaler scaler_;
+  std::vector<torch::Tensor> ema_;
+  std::optional<int64_t> start_;
+  double best_val_ = std::numeric_limits<double>::infinity();
+  int64_t best_step_ = -1;
+  double last_val_ = std::numeric_limits<double>::quiet_NaN();
+  int64_t skipped_ = 0;
+  std::string last_checkpoint_;
+};
+
+} // namespace orchard::train

@@ -1,0 +1,187 @@
+// Muon and the optimizer set: Newton-Schulz against an SVD, Muon's first
+// step worked by hand, AdamW against libtorch's own, and state round trips.
+#include "train/optimizer.h"
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace orchard::train {
+namespace {
+
+// U V^T of G = U S V^T over the `rank` largest singular values (all when
+// 0), in float64: what Newton-Schulz approximates. Five iterations leave
+// singular values far below the largest near zero, so for a nearly
+// low-rank G the reference is the polar factor of its dominant part.
+torch::Tensor polar_factor(const torch::Tensor& g, int64_t rank = 0) {
+  auto [u, s, vh] = torch::linalg::svd(g.to(torch::kFloat64), false, {});
+  (void)s;
+  if (rank > 0) {
+    u = u.narrow(1, 0, rank);
+    vh = vh.narrow(0, 0, rank);
+  }
+  return torch::matmul(u, vh);
+}
+
+torch::Tensor singular_values(const torch::Tensor& x) {
+  return std::get<1>(torch::linalg::svd(x.to(torch::kFloat64), false, {}));
+}
+
+TEST(NewtonSchulz, ApproximatesThePolarFactorOfWideTallAndIllConditioned) {
+  torch::manual_seed(0);
+  std::vector<std::pair<torch::Tensor, int64_t>> cases = {
+      {torch::randn({64, 256}), 0},  // wide
+      {torch::randn({256, 64}), 0},  // tall (transposed inside)
+      {torch::randn({128, 128}), 0}, // square
+      {torch::matmul(torch::randn({96, 4}), torch::randn({4, 96})) +
+           1e-3 * torch::randn({96, 96}),
+       4}}; // nearly rank 4
+  for (const auto& [g, rank] : cases) {
+    auto x =
+        newton_schulz_orthogonalize(g, 5, torch::kFloat32).to(torch::kFloat64);
+    ASSERT_EQ(x.sizes(), g.sizes());
+    auto sv = singular_values(x);
+    // The quintic maps every singular value that is not tiny into about
+    // [0.7, 1.2] (the Muon write-up); none may exceed that band.
+    EXPECT_LT(sv.max().item<double>(), 1.25) << g.sizes();
+    // The direction: close to U V^T (cosine of the flattened matrices).
+    auto p = polar_factor(g, rank);
+    double cos = (x * p).sum().item<double>() /
+        (x.norm().item<double>() * p.norm().item<double>());
+    EXPECT_GT(cos, 0.9) << g.sizes();
+  }
+  // Well conditioned: every singular value lands in the band.
+  auto sv = singular_values(
+      newton_schulz_orthogonalize(torch::randn({64, 256}), 5, torch::kFloat32));
+  EXPECT_GT(sv.min().item<double>(), 0.6);
+}
+
+TEST(NewtonSchulz, RejectsNonMatrices) {
+  EXPECT_THROW(
+      newton_schulz_orthogonalize(torch::ones({3}), 5, torch::kFloat32),
+      c10::Error);
+}
+
+// Muon's first step worked by hand, with zero Newton-Schulz iterations (the
+// orthogonalisation is then G / |G|_F): momentum 0.85 at step 0, buf =
+// 0.15 g, Nesterov update = 0.85 * 0.15 g + 0.15 g, and the step is -lr *
+// sqrt(max(1, rows / cols)) * update / |update|.
+TEST(Muon, FirstStepByHand) {
+  auto w = torch::tensor({{1.0, 2.0}, {3.0, 4.0}, {5.0, 6.0}}, torch::kFloat64)
+               .requires_grad_(true); // 3 x 2: aspect sqrt(1.5)
+  auto g =
+      torch::tensor({{0.5, -1.0}, {2.0, 0.0}, {1.0, 1.0}}, torch::kFloat64);
+  OptimizerOptions o;
+  o.newton_schulz_steps = 0;
+  o.newton_schulz_dtype = torch::kFloat64;
+  Optimizers opt({{"m", {{"w", w}}, 0.1, 0.0, /*muon=*/true}}, o);
+  w.mutable_grad() = g.clone();
+  auto before = w.detach().clone();
+  opt.step(1.0, 0);
+  const double m = 0.85;
+  auto update = (1 - m) * g + m * ((1 - m) * g);
+  auto want = before - 0.1 * std::sqrt(1.5) * update / (update.norm() + 1e-7);
+  EXPECT_TRUE(torch::allclose(w.detach(), want, 1e-12, 1e-12)) << w << want;
+  // The learning-rate multiplier scales the step; momentum is kept.
+  auto state = opt.state();
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_EQ(state[0].first, "w.momentum_buffer");
+  EXPECT_TRUE(torch::allclose(state[0].second, (1 - m) * g));
+}
+
+TEST(Optimizers, AdamwGroupsMatchLibtorchAdamw) {
+  torch::manual_seed(1);
+  auto a = torch::randn({4, 3}, torch::kFloat64).requires_grad_(true);
+  auto b = a.detach().clone().requires_grad_(true);
+  Optimizers ours({{"m", {{"a", a}}, 0.01, 0.1, false}});
+  torch::optim::AdamW ref(
+      {b},
+      torch::optim::AdamWOptions(0.01)
+          .betas({0.8, 0.95})
+          .eps(1e-10)
+          .weight_decay(0.1));
+  for (int s = 0; s < 5; ++s) {
+    auto g = torch::randn({4, 3}, torch::kFloat64);
+    a.mutable_grad() = g.clone();
+    b.mutable_grad() = g.clone();
+    ours.step(1.0, s);
+    ref.step();
+  }
+  EXPECT_TRUE(torch::allclose(a, b, 0, 0));
+}
+
+TEST(Optimizers, StateRoundTripsAndContinuesIdentically) {
+  torch::manual_seed(2);
+  auto make = [](torch::Tensor w, torch::Tensor e) {
+    return Optimizers(
+        {{"matrices", {{"w", w}}, 0.02, 0.0, true},
+         {"embedding", {{"e", e}}, 0.01, 0.0, false}});
+  };
+  auto w1 = torch::randn({8, 4}).requires_grad_(true);
+  auto e1 = torch::randn({5, 4}).requires_grad_(true);
+  auto w2 = w1.detach().clone().requires_grad_(true);
+  auto e2 = e1.detach().clone().requires_grad_(true);
+  auto grads = std::vector<torch::Tensor>{};
+  for (int i = 0; i < 6; ++i)
+    grads.push_back(torch::randn({8, 4})),
+        grads.push_back(torch::randn({5, 4}));
+  Optimizers o1 = make(w1, e1), o2 = make(w2, e2);
+  for (int s = 0; s < 3; ++s) {
+    w1.mutable_grad() = grads[2 * s].clone();
+    e1.mutable_grad() = grads[2 * s + 1].clone();
+    o1.step(1.0, s);
+  }
+  // o2 gets o1's weights and state, then both take the same steps.
+  {
+    torch::NoGradGuard ng;
+    w2.copy_(w1);
+    e2.copy_(e1);
+  }
+  std::map<std::string, torch::Tensor> saved;
+  for (auto& [k, v] : o1.state())
+    saved[k] = v.clone();
+  EXPECT_TRUE(saved.count("w.momentum_buffer"));
+  EXPECT_TRUE(saved.count("e.exp_avg_sq"));
+  o2.load(saved);
+  for (int s = 3; s < 6; ++s) {
+    w1.mutable_grad() = grads[2 * s].clone();
+    e1.mutable_grad() = grads[2 * s + 1].clone();
+    w2.mutable_grad() = grads[2 * s].clone();
+    e2.mutable_grad() = grads[2 * s + 1].clone();
+    o1.step(1.0, s);
+    o2.step(1.0, s);
+  }
+  EXPECT_TRUE(torch::equal(w1, w2));
+  EXPECT_TRUE(torch::equal(e1, e2));
+}
+
+TEST(Optimizers, StateFromTheOtherOptimizerIsAClearError) {
+  auto w = torch::randn({4, 4}).requires_grad_(true);
+  Optimizers muon({{"m", {{"w", w}}, 0.02, 0.0, true}});
+  Optimizers adam({{"m", {{"w", w}}, 0.02, 0.0, false}});
+  w.mutable_grad() = torch::ones({4, 4});
+  adam.step(1.0, 0);
+  std::map<std::string, torch::Tensor> saved;
+  for (auto& [k, v] : adam.state())
+    saved[k] = v;
+  try {
+    muon.load(saved);
+    FAIL() << "loaded AdamW state into Muon";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("written by AdamW"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Optimizers, DescribeNamesEachGroup) {
+  auto w = torch::randn({4, 4}).requires_grad_(true);
+  auto e = torch::randn({4, 4}).requires_grad_(true);
+  Optimizers o(
+      {{"matrices", {{"w", w}}, 0.02, 0.0, true},
+       {"embedding", {{"e", e}}, 0.3, 0.0, false}});
+  EXPECT_EQ(o.describe(), "Muon (matrices lr 0.02) + AdamW (embedding lr 0.3)");
+}
+
+} // namespace
+} // namespace orchard::train
