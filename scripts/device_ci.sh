@@ -60,11 +60,22 @@ python3 tests/fixtures/tokenizers/check_hf.py ./build-cuda/orchard $HF/trained \
 
 step "orchard train and generate on the GPU (smoke run on Orchard's own sources)"
 G=$(mktemp -d)
-ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src]" depth=2 \
-  max_seq_len=128 total_batch_size=8192 num_iterations=30 eval_every=10 run_dir=$G/run 2>&1 \
-  | grep -v "^step [0-9]*/" | tail -12 || status=1
+# The default precision (bf16 autocast) with Muon, then float16 with loss
+# scaling and AdamW, then float32.
+for extra in "" "dtype=float16 optimizer=adamw" "dtype=float32"; do
+  ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src]" depth=2 \
+    max_seq_len=128 total_batch_size=8192 num_iterations=30 eval_every=10 sample_every=15 \
+    run_dir=$G/run$(echo $extra | tr -dc a-z0-9) $extra 2>&1 \
+    | grep -E "Precision|Optimizer|Done|Samples at|skipped|Error|error" || status=1
+done
+cp $G/run/metrics.jsonl "$OUT/cuda_bf16_metrics.jsonl" 2>/dev/null
 ./build-cuda/orchard generate --device cuda --checkpoint $G/run --prompt "int main(" \
   --max-new-tokens 40 --seed 1 | tail -3 || status=1
+
+if [ "${ORCHARD_BENCH:-0}" = 1 ]; then
+  step "training throughput vs PyTorch (bench/run_train_bench.sh cuda)"
+  BUILD_DIR=build-cuda bash bench/run_train_bench.sh cuda 2>&1 | tee "$OUT/train_bench.txt"
+fi
 
 step "orchard doctor"
 ./build-cuda/orchard doctor; echo "doctor exit $?"

@@ -143,3 +143,23 @@ TEST(Autocast, GptLossAndGradientsAgreeWithFloat32) {
 
 } // namespace
 } // namespace orchard::train
+
+namespace orchard::train {
+namespace {
+
+// On a CUDA build with a GPU: the same guard on CUDA tensors, bf16 and fp16.
+TEST(AutocastCuda, GuardSwitchesCudaMatmuls) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device";
+  auto a = torch::randn({8, 8}, torch::kCUDA), b = torch::randn({8, 8}, torch::kCUDA);
+  for (auto dt : {torch::kBFloat16, torch::kFloat16}) {
+    compat::AutocastGuard g(torch::kCUDA, dt);
+    EXPECT_EQ(torch::matmul(a, b).scalar_type(), dt);
+    // CPU tensors are untouched by CUDA autocast.
+    EXPECT_EQ(torch::matmul(a.cpu(), b.cpu()).scalar_type(), torch::kFloat32);
+  }
+  EXPECT_EQ(torch::matmul(a, b).scalar_type(), torch::kFloat32);
+}
+
+} // namespace
+} // namespace orchard::train

@@ -185,3 +185,42 @@ TEST(Trainer, ResumesFromItsCheckpointAndSkipsAFinishedRun) {
 
 } // namespace
 } // namespace orchard::train
+
+namespace orchard::train {
+namespace {
+
+// The micro-step and the evaluation run under the run's autocast; the
+// optimizer sees float32 master weights.
+TEST(Trainer, MicroStepAndEvaluationRunUnderAutocast) {
+  test::TempDir dir;
+  Regression r;
+  auto task = r.task();
+  std::vector<torch::ScalarType> seen_train, seen_eval;
+  auto inner_step = task.micro_step;
+  task.micro_step = [&] {
+    seen_train.push_back(r.model(r.x).scalar_type());
+    return inner_step();
+  };
+  auto inner_eval = task.evaluate;
+  task.evaluate = [&] {
+    seen_eval.push_back(r.model(r.x).scalar_type());
+    return inner_eval();
+  };
+  auto o = options(dir, "bf16");
+  o.precision.compute = torch::kBFloat16;
+  o.total_steps = 2;
+  o.grad_accum = 2;
+  Optimizers opt(sgd_like(r, 0.05));
+  RunLog log(o.run_dir + "/train.log");
+  Trainer(o, task, opt, log).run();
+  ASSERT_EQ(seen_train.size(), 4u);
+  for (auto t : seen_train)
+    EXPECT_EQ(t, torch::kBFloat16);
+  ASSERT_EQ(seen_eval.size(), 1u);
+  EXPECT_EQ(seen_eval[0], torch::kBFloat16);
+  EXPECT_EQ(r.model->weight.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(r.model(r.x).scalar_type(), torch::kFloat32); // guard ended
+}
+
+} // namespace
+} // namespace orchard::train
