@@ -77,6 +77,13 @@ if [ "${ORCHARD_BENCH:-0}" = 1 ]; then
   BUILD_DIR=build-cuda bash bench/run_train_bench.sh cuda 2>&1 | tee "$OUT/train_bench.txt"
 fi
 
+if [ "${ORCHARD_MEMGRID:-0}" = 1 ]; then
+  step "memory planner: predicted vs measured (bench/run_memory_grid.sh cuda)"
+  BUILD_DIR=build-cuda bash bench/run_memory_grid.sh cuda > "$OUT/memory_grid_cuda.txt" 2>&1
+  tail -3 "$OUT/memory_grid_cuda.txt"
+  ./build-cuda/orchard plan --device cuda --preset overnight --probe 2>&1 | tail -12
+fi
+
 step "orchard doctor"
 ./build-cuda/orchard doctor; echo "doctor exit $?"
 ./build-cuda/orchard doctor --device cpu | tail -3

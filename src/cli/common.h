@@ -63,5 +63,6 @@ Command register_tokenizer(CLI::App& root);
 Command register_data(CLI::App& root);
 Command register_train(CLI::App& root);
 Command register_generate(CLI::App& root);
+Command register_plan(CLI::App& root);
 
 } // namespace orchard::cli

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       cli::register_data(app),
       cli::register_train(app),
       cli::register_generate(app),
+      cli::register_plan(app),
   };
   try {
     configure_cpu_threads();

@@ -192,6 +192,25 @@ class AutocastGuard {
   torch::ScalarType was_dtype_ = torch::kFloat32;
 };
 
+// The dtype autocast computes in for `type` right now: float32 when autocast
+// is off (what AutocastGuard takes to mean "no autocast").
+inline torch::ScalarType autocast_dtype(torch::DeviceType type) {
+#if ORCHARD_AUTOCAST_BY_DEVICE_TYPE
+  return at::autocast::is_autocast_enabled(type)
+      ? at::autocast::get_autocast_dtype(type)
+      : torch::kFloat32;
+#else
+  if (type == torch::kCUDA)
+    return at::autocast::is_enabled() ? at::autocast::get_autocast_gpu_dtype()
+                                      : torch::kFloat32;
+  if (type == torch::kCPU)
+    return at::autocast::is_cpu_enabled()
+        ? at::autocast::get_autocast_cpu_dtype()
+        : torch::kFloat32;
+  return torch::kFloat32;
+#endif
+}
+
 // Whether this libtorch can autocast tensors of `type` to `dtype`: CUDA
 // (bf16, fp16) everywhere, CPU bf16 everywhere (fp16 from 2.x), MPS from
 // 2.5 (Apple's autocast landed then).

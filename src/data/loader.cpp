@@ -111,6 +111,18 @@ void TokenLoader::restore(const LoaderState& s) {
         " steps per epoch): the data changed since the checkpoint.");
 }
 
+void TokenLoader::set_batch_size(int64_t b) {
+  const uint64_t done = state_.step * uint64_t(B_);
+  if (b < 1 || done % uint64_t(b) != 0)
+    throw UserError(
+        "cannot continue this epoch with " + std::to_string(b) +
+        " sequences per micro-step: " + std::to_string(done) +
+        " have been served, not a multiple of it. Use device_batch_size=" +
+        std::to_string(B_) + " (or a divisor of it).");
+  state_.step = done / uint64_t(b);
+  B_ = b;
+}
+
 TokenBatch TokenLoader::next() {
   if (state_.step >= steps_per_epoch()) {
     ++state_.epoch;

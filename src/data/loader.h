@@ -59,6 +59,13 @@ class TokenLoader {
   }
   void restore(const LoaderState& s);
   uint64_t steps_per_epoch() const;
+  int64_t batch_size() const {
+    return B_;
+  }
+  // Serves `batch_size` rows per step from here on, the same windows in the
+  // same order (the position is kept in windows). UserError when the
+  // windows served so far are not a whole number of new batches.
+  void set_batch_size(int64_t batch_size);
 
   // How many (T+1)-token windows these shards hold.
   static uint64_t count_windows(

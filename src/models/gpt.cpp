@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "models/checkpointing.h"
 
 #include <cmath>
 #include <limits>
@@ -161,6 +162,12 @@ GptImpl::GptImpl(const GptConfig& c) : config(c) {
   auto angles = torch::outer(t, inv_freq); // (T, D/2)
   rope_cos = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
   rope_sin = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    block_fns_.push_back([this, i](const torch::Tensor& x) {
+      const int64_t T = x.size(1);
+      return blocks[i]->as<BlockImpl>()->forward(
+          x, rope_cos.narrow(0, 0, T), rope_sin.narrow(0, 0, T), nullptr, nullptr);
+    });
   init_weights();
 }
 
@@ -207,8 +214,11 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
     cache->v.resize(config.n_layer);
   }
   auto x = rms_norm(wte(idx)); // (B, T, C)
+  const bool recompute = config.gradient_checkpointing && is_training() &&
+      !cache && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < config.n_layer; ++i)
-    x = blocks[i]->as<BlockImpl>()->forward(
+    x = recompute ? checkpointed(block_fns_[i], x)
+                  : blocks[i]->as<BlockImpl>()->forward(
         x,
         cos,
         sin,

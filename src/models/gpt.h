@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct GptConfig {
   int64_t max_seq_len = 0;  // rotary tables are built for this many positions
   double rope_base = 10000; // RoFormer's base
   double softcap = 15;      // nanochat's logit cap
+  // Recompute each block's forward during backward instead of keeping its
+  // activations (models/checkpointing.h); training only.
+  bool gradient_checkpointing = false;
   int64_t head_dim() const {
     return n_embd / n_head;
   }
@@ -104,6 +108,11 @@ struct GptImpl : torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::Linear lm_head{nullptr};
   torch::Tensor rope_cos, rope_sin; // (max_seq_len, D/2), buffers
+
+ private:
+  // Block i on positions 0..T-1 as a function of its input, for
+  // checkpointing (which needs a function that outlives the forward).
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> block_fns_;
 };
 TORCH_MODULE(Gpt);
 

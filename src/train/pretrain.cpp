@@ -1,9 +1,11 @@
 #include "train/pretrain.h"
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "data/loader.h"
 #include "text/tokenizer_io.h"
 #include "train/data_cache.h"
+#include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 #include "train/schedule.h"
@@ -25,15 +27,6 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
-}
-
-// Until the memory planner lands: the largest of 8, 4, 2, 1 sequences that
-// divides the batch.
-int64_t auto_device_batch(int64_t total, int64_t seq_len) {
-  for (int64_t b : {8, 4, 2, 1})
-    if (total % (b * seq_len) == 0 && total >= b * seq_len)
-      return b;
-  return 1;
 }
 
 // Bytes each token stands for (0 for special tokens), for bits per byte.
@@ -137,6 +130,20 @@ SplitLoss split_loss(
 
 } // namespace
 
+PlanSettings plan_settings(
+    const PretrainConfig& cfg,
+    const Precision& precision,
+    const DeviceInfo& device) {
+  PlanSettings s;
+  s.seq_len = cfg.max_seq_len;
+  s.compute = precision.compute;
+  s.muon = cfg.optimizer == "muon";
+  s.gradient_checkpointing = cfg.gradient_checkpointing == "true";
+  s.device = device.device.type();
+  s.fused_attention = compat::has_fused_attention();
+  return s;
+}
+
 int64_t resolve_num_steps(
     const PretrainConfig& cfg,
     const config::Origins& origins,
@@ -194,11 +201,9 @@ PretrainResult run_pretraining(
   const torch::Device dev = device.device;
   const Precision precision = resolve_precision(cfg.dtype, device);
   // Batch arithmetic first: a batch that does not divide fails before any
-  // data is prepared.
-  const int64_t B = cfg.device_batch_size.value_or(
-      auto_device_batch(cfg.total_batch_size, cfg.max_seq_len));
+  // data is prepared (with auto, one sequence must divide).
   const int64_t T = cfg.max_seq_len;
-  const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T);
+  grad_accum_steps(cfg.total_batch_size, cfg.device_batch_size.value_or(1), T);
   auto say_early = [](const std::string& s) {
     std::printf("%s\n", s.c_str());
     std::fflush(stdout);
@@ -208,6 +213,29 @@ PretrainResult run_pretraining(
 
   models::GptConfig mc =
       models::resolve_gpt_config(cfg, int64_t(tok.vocab_size()));
+  // The micro-batch and checkpointing: as set, or the planner's choice.
+  PlanSettings ps = plan_settings(cfg, precision, device);
+  std::string plan_line;
+  int64_t B = 0;
+  if (cfg.device_batch_size) {
+    B = *cfg.device_batch_size;
+    mc.gradient_checkpointing = cfg.gradient_checkpointing == "true";
+  } else {
+    BatchPlan plan = plan_batch(
+        plan_model_of(mc),
+        ps,
+        cfg.total_batch_size,
+        memory_budget(device, cfg.memory_fraction),
+        cfg.gradient_checkpointing == "auto"
+            ? std::nullopt
+            : std::optional<bool>(cfg.gradient_checkpointing == "true"));
+    if (!plan.choice)
+      throw UserError(plan.why + " (`orchard plan` shows the whole table.)");
+    B = plan.choice->batch;
+    mc.gradient_checkpointing = plan.choice->checkpointing;
+    plan_line = "Memory plan: " + plan.why + "; budget " + plan.budget.why;
+  }
+  const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T);
   PretrainResult result;
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir
@@ -295,6 +323,9 @@ PretrainResult run_pretraining(
     auto s = train_loader->state();
     return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
   };
+  task.set_micro_batch = [train_loader](int64_t b) {
+    train_loader->set_batch_size(b);
+  };
   task.restore_data = [train_loader](const nlohmann::json& j) {
     train_loader->restore(
         {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
@@ -314,6 +345,7 @@ PretrainResult run_pretraining(
       .device = dev,
       .precision = precision,
       .total_steps = total,
+      .micro_batch = B,
       .grad_accum = accum,
       .tokens_per_step = cfg.total_batch_size,
       .grad_clip = cfg.grad_clip,
@@ -337,9 +369,12 @@ PretrainResult run_pretraining(
         std::to_string(mc.n_embd) + ", " + std::to_string(mc.n_head) +
         " heads, " + std::to_string(mc.n_kv_head) + " kv heads)");
     log("Precision: " + precision.name + " (" + precision.why + ")");
+    if (!plan_line.empty())
+      log(plan_line);
     log("Optimizer: " + optimizers.describe());
     log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
         " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
+        (mc.gradient_checkpointing ? ", gradient checkpointing" : "") +
         ", " + std::to_string(accum) + " accumulation step(s), " +
         std::to_string(cfg.total_batch_size) + " tokens per step; " +
         std::to_string(total) + " steps (" +

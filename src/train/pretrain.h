@@ -12,6 +12,8 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "models/gpt.h"
+#include "train/memory_plan.h"
+#include "train/precision.h"
 #include "train/pretrain_config.h"
 
 #include <cstdint>
@@ -49,6 +51,13 @@ int64_t resolve_num_steps(
     const config::Origins& origins,
     int64_t windows_per_epoch,
     int64_t sequences_per_step);
+
+// The planner's view of these settings (sequence, precision, optimizer,
+// checkpointing as set, device, fused attention).
+PlanSettings plan_settings(
+    const PretrainConfig& cfg,
+    const Precision& precision,
+    const DeviceInfo& device);
 
 PretrainResult run_pretraining(
     const PretrainConfig& cfg,

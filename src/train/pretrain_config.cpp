@@ -75,6 +75,18 @@ const config::Schema& pretrain_schema() {
          .env = "TOTAL_BATCH_SIZE",
          .min = 1});
     s.add(
+        {.key = "gradient_checkpointing",
+         .access = field(&C::gradient_checkpointing),
+         .help = "recompute each block in the backward to save memory (auto: "
+                 "on only when nothing fits without it)",
+         .choices = {"auto", "true", "false"}});
+    s.add(
+        {.key = "memory_fraction",
+         .access = field(&C::memory_fraction),
+         .help = "share of usable memory the planner may fill (0.8)",
+         .min = 0.05,
+         .max = 1});
+    s.add(
         {.key = "num_iterations",
          .access = field(&C::num_iterations),
          .help = "optimizer steps (100; auto: one pass over the data)",

@@ -41,6 +41,8 @@ struct PretrainConfig {
   int64_t max_seq_len = 256;
   std::optional<int64_t> device_batch_size; // auto: the memory planner's
   int64_t total_batch_size = 4096;          // tokens per optimizer step
+  std::string gradient_checkpointing = "auto"; // auto | true | false
+  double memory_fraction = 0.8; // share of usable memory the planner fills
 
   // Length: one of these (a later source wins over an earlier one; the
   // default num_iterations loses to any of them set); num_iterations=auto

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include "core/error.h"
+#include "core/machine.h"
+#include "core/memory_stats.h"
 #include "core/progress.h"
 #include "core/torch_compat.h"
 #include "train/schedule.h"
@@ -13,8 +15,37 @@
 #include <cstdio>
 #include <filesystem>
 
+#if defined(ORCHARD_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/detail/MPSHooksInterface.h>
+#endif
+
 namespace orchard::train {
 namespace {
+
+// An allocation failure of the device: CUDA's and MPS's allocators throw
+// c10::OutOfMemoryError; older paths a c10::Error saying so.
+bool is_out_of_memory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e))
+    return true;
+  const std::string m = e.what_without_backtrace();
+  return m.find("out of memory") != std::string::npos ||
+      m.find("Out of memory") != std::string::npos;
+}
+
+// Returns cached blocks to the device after an out-of-memory error.
+void free_device_caches(const torch::Device& device) {
+#if defined(ORCHARD_WITH_CUDA)
+  if (device.is_cuda())
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+#if TORCH_VERSION_MAJOR >= 2
+  if (device.is_mps() && compat::mps_available())
+    at::detail::getMPSHooks().emptyCache();
+#endif
+}
 
 std::atomic<int> g_stop_signal{0};
 
@@ -130,6 +161,20 @@ int64_t Trainer::resume() {
   }
   optimizers_.load(ckpt->optimizer);
   load_rng_state(ckpt->optimizer, opt_.device);
+  // The data position is in units of the micro-batch the run had; a run
+  // that halved it after running out of memory continues with its size.
+  if (ckpt->state.contains("micro_batch") && task_.set_micro_batch) {
+    const int64_t saved = ckpt->state.at("micro_batch").get<int64_t>();
+    const int64_t rows = opt_.micro_batch * opt_.grad_accum;
+    if (saved != opt_.micro_batch && saved > 0 && rows % saved == 0) {
+      log_("Continuing with device_batch_size=" + std::to_string(saved) +
+           " as the checkpoint's run did (it was " +
+           std::to_string(opt_.micro_batch) + " here).");
+      task_.set_micro_batch(saved);
+      opt_.micro_batch = saved;
+      opt_.grad_accum = rows / saved;
+    }
+  }
   if (task_.restore_data && ckpt->state.contains("loader"))
     task_.restore_data(ckpt->state.at("loader"));
   if (ckpt->state.contains("loss_scaler"))
@@ -191,6 +236,7 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   state["best_step"] = best_step_;
   state["complete"] = complete;
   state["skipped_steps"] = skipped_;
+  state["micro_batch"] = opt_.micro_batch;
   if (scaler_.enabled())
     state["loss_scaler"] = scaler_.state();
   std::string dir = save_checkpoint(opt_.run_dir, step, model_t, opt_t, state);
@@ -253,6 +299,34 @@ void Trainer::take_step(
   }
 }
 
+void Trainer::recover_from_oom(
+    int64_t step,
+    const nlohmann::json& data_at_start,
+    const std::string& what) {
+  optimizers_.zero_grad();
+  free_device_caches(opt_.device);
+  const int64_t b = opt_.micro_batch;
+  if (b <= 1 || b % 2 != 0 || !task_.set_micro_batch) {
+    std::string first_line = what.substr(0, what.find('\n'));
+    throw UserError(
+        "out of memory at step " + std::to_string(step + 1) +
+        " with device_batch_size=" + std::to_string(b) + " (" + first_line +
+        "), and the micro-batch cannot be halved further. Turn on "
+        "gradient_checkpointing=true, shorten max_seq_len, or train a smaller "
+        "model; `orchard plan` shows what fits. Checkpoints already written "
+        "in " + opt_.run_dir + "/checkpoints are intact.");
+  }
+  if (task_.restore_data && !data_at_start.is_null())
+    task_.restore_data(data_at_start); // the step's first micro-batch again
+  task_.set_micro_batch(b / 2);
+  opt_.micro_batch = b / 2;
+  opt_.grad_accum *= 2;
+  log_("Out of memory at step " + std::to_string(step + 1) +
+       " with device_batch_size=" + std::to_string(b) + ": halved to " +
+       std::to_string(b / 2) + ", gradient accumulation now " +
+       std::to_string(opt_.grad_accum) + "; redoing the step.");
+}
+
 TrainerResult Trainer::run() {
   TrainerResult result;
   result.total = opt_.total_steps;
@@ -273,6 +347,7 @@ TrainerResult Trainer::run() {
   ProgressLine progress;
   EvalResult last_eval;
   int64_t non_finite_run = 0;
+  uint64_t peak_memory = 0;
   const double peak_lr =
       optimizers_.groups().empty() ? 0.0 : optimizers_.groups().front().lr;
   auto evaluate = [&](int64_t done) {
@@ -292,7 +367,19 @@ TrainerResult Trainer::run() {
     const double t0 = now_s();
     double loss = 0, grad_norm = 0;
     bool applied = true;
-    take_step(step, loss, grad_norm, applied);
+    const nlohmann::json data_at_start =
+        task_.data_state ? task_.data_state() : nlohmann::json();
+    for (;;) {
+      try {
+        take_step(step, loss, grad_norm, applied);
+        break;
+      } catch (const c10::Error& e) {
+        if (!is_out_of_memory(e))
+          throw;
+        progress.finish();
+        recover_from_oom(step, data_at_start, e.what_without_backtrace());
+      }
+    }
     const int64_t done = step + 1;
     if (!applied) {
       ++skipped_;
@@ -325,18 +412,22 @@ TrainerResult Trainer::run() {
         peak_lr *
         lr_multiplier(
             step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio);
+    const MemoryReading mem = read_memory(opt_.device);
+    peak_memory = std::max(peak_memory, mem.peak);
     progress.update(
         {.step = done,
          .total = opt_.total_steps,
          .loss = loss,
          .lr = lr,
-         .tokens_per_s = tok_s});
+         .tokens_per_s = tok_s,
+         .memory_bytes = mem.peak});
     std::map<std::string, double> row = {
         {"step", double(done)},
         {"loss", loss},
         {"lr", lr},
         {"grad_norm", grad_norm},
-        {"tokens_per_s", tok_s}};
+        {"tokens_per_s", tok_s},
+        {"peak_memory_mb", double(mem.peak) / 1e6}};
     if (scaler_.enabled())
       row["loss_scale"] = scaler_.scale();
     metrics.write(row);
@@ -368,6 +459,7 @@ TrainerResult Trainer::run() {
       result.interrupted = true;
       result.checkpoint_dir = last_checkpoint_;
       result.skipped_steps = skipped_;
+      result.micro_batch = opt_.micro_batch;
       return result;
     }
   }
@@ -378,6 +470,10 @@ TrainerResult Trainer::run() {
   result.final_eval = last_eval;
   result.checkpoint_dir = last_checkpoint_;
   result.skipped_steps = skipped_;
+  result.peak_memory_bytes = peak_memory;
+  result.micro_batch = opt_.micro_batch;
+  log_("Peak memory: " + format_bytes(peak_memory) + " (" +
+       read_memory(opt_.device).what + ").");
   if (skipped_ > 0)
     log_(
         std::to_string(skipped_) +

@@ -61,6 +61,10 @@ struct TrainingTask {
   std::function<void(int64_t step)> sample;
   std::function<nlohmann::json()> data_state;
   std::function<void(const nlohmann::json&)> restore_data;
+  // Changes the sequences per micro-step (out-of-memory recovery, resume
+  // of a run that recovered); the data position carries over. Optional:
+  // without it an out-of-memory error ends the run after saving.
+  std::function<void(int64_t micro_batch)> set_micro_batch;
   // Written into every state.json (model shape, tokenizer, ...).
   nlohmann::json describe = nlohmann::json::object();
 };
@@ -70,7 +74,8 @@ struct TrainerOptions {
   torch::Device device{torch::kCPU};
   Precision precision;
   int64_t total_steps = 1;
-  int64_t grad_accum = 1;
+  int64_t micro_batch = 1; // sequences per micro-step
+  int64_t grad_accum = 1;  // micro-steps per optimizer step
   int64_t tokens_per_step = 0; // for tokens/s
   double grad_clip = 1.0;      // 0: off
   int64_t warmup_steps = 0;
@@ -90,6 +95,8 @@ struct TrainerResult {
   bool interrupted = false;   // stopped by SIGINT/SIGTERM after saving
   bool already_done = false;  // the run was complete before this call
   int64_t skipped_steps = 0;  // float16 steps whose gradients overflowed
+  int64_t micro_batch = 0;    // at the end (smaller after out-of-memory)
+  uint64_t peak_memory_bytes = 0; // core/memory_stats.h's peak
 };
 
 class Trainer {
@@ -112,6 +119,13 @@ class Trainer {
  private:
   void save(int64_t step, bool complete, const EvalResult* eval);
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
+  // After an out-of-memory error in step `step`: frees the caches, halves
+  // the micro-batch and doubles accumulation (UserError when that is not
+  // possible), and rewinds the data to `data_at_start`.
+  void recover_from_oom(
+      int64_t step,
+      const nlohmann::json& data_at_start,
+      const std::string& what);
 
   TrainerOptions opt_;
   TrainingTask task_;

@@ -2,6 +2,9 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <regex>
 
 namespace orchard {
 namespace {
@@ -415,6 +418,60 @@ TEST(CliData, WordnetToShardsAndChat) {
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(
       unknown.err.find("llama3|chatml|mistral|orchard"), std::string::npos);
+}
+
+} // namespace
+} // namespace orchard
+
+namespace orchard {
+namespace {
+
+TEST(CliPlan, TableJsonAssumedMacAndErrors) {
+  auto r = test::run_orchard({"plan", "--device", "cpu"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Budget:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("<- chosen"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Choice: device_batch_size="), std::string::npos);
+  auto j = test::run_orchard(
+      {"plan", "--json", "--preset", "overnight", "--assume-device", "mps",
+       "--memory-gb", "16"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  auto doc = nlohmann::json::parse(j.out.substr(j.out.find('{')));
+  EXPECT_NE(doc["budget"]["why"].get<std::string>().find("65 %"), std::string::npos);
+  ASSERT_FALSE(doc["choice"].is_null());
+  EXPECT_EQ(
+      doc["choice"]["device_batch_size"].get<int64_t>() *
+          doc["choice"]["grad_accum_steps"].get<int64_t>() * 512,
+      16384);
+  // The largest model at 1 GB has nothing that fits: exit 1 and the fix.
+  auto none = test::run_orchard(
+      {"plan", "--assume-device", "cuda", "--memory-gb", "1", "depth=24",
+       "max_seq_len=2048", "total_batch_size=65536", "gradient_checkpointing=false"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.out.find("Shorten max_seq_len"), std::string::npos) << none.out;
+  auto bad = test::run_orchard({"plan", "device_batch_size=3"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("total_batch_size must be divisible"), std::string::npos)
+      << bad.err;
+}
+
+// --probe trains two real steps at the chosen size and the next one up;
+// the prediction is within a quarter of the measured resident set (the
+// calibrated error on this CPU is within 15 %; a test process is noisier).
+TEST(CliPlan, ProbeMeasuresNearThePrediction) {
+  auto r = test::run_orchard(
+      {"plan", "--device", "cpu", "--probe", "depth=4", "total_batch_size=2048",
+       "memory_fraction=0.05", "--memory-gb", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto at = r.out.find("Probe");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::regex pct(R"(measured [0-9,]+ MB, predicted [0-9,]+ MB \(([-+][0-9.]+) %\))");
+  int found = 0;
+  std::string probe = r.out.substr(at);
+  for (std::sregex_iterator m(probe.begin(), probe.end(), pct), end; m != end;
+       ++m, ++found)
+    EXPECT_LT(std::abs(std::stod((*m)[1].str())), 25.0) << r.out;
+  EXPECT_GE(found, 1) << r.out;
 }
 
 } // namespace

@@ -188,3 +188,31 @@ TEST(ChatBatcher, ResumeReplaysPackingExactly) {
 
 } // namespace
 } // namespace orchard::data
+
+namespace orchard::data {
+namespace {
+
+// Halving the batch mid-epoch serves the same windows in the same order.
+TEST(TokenLoader, SetBatchSizeKeepsTheWindowOrder) {
+  test::TempDir dir;
+  std::vector<uint32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = uint32_t(i % 1000);
+  std::string path = dir.file("s.bin");
+  write_shard(path, tokens, 1000);
+  TokenLoader a({path}, 4, 16, true, 9), b({path}, 4, 16, true, 9);
+  a.next();
+  b.next();
+  auto whole = a.next(); // rows 4..7 of the epoch
+  b.set_batch_size(2);
+  auto h1 = b.next(), h2 = b.next();
+  EXPECT_TRUE(torch::equal(torch::cat({h1.x, h2.x}), whole.x));
+  EXPECT_EQ(b.batch_size(), 2);
+  EXPECT_EQ(b.state().step, 4u); // 8 windows in steps of 2
+  TokenLoader c({path}, 4, 16, true, 9);
+  c.next(); // 4 windows served: 3 does not divide them
+  EXPECT_THROW(c.set_batch_size(3), UserError);
+}
+
+} // namespace
+} // namespace orchard::data

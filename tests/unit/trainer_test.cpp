@@ -224,3 +224,68 @@ TEST(Trainer, MicroStepAndEvaluationRunUnderAutocast) {
 
 } // namespace
 } // namespace orchard::train
+
+namespace orchard::train {
+namespace {
+
+// An injected allocation failure whenever a micro-step gets more than
+// `limit` rows: the Trainer halves the micro-batch, doubles accumulation,
+// redoes the step from its first micro-batch, and ends with the weights of
+// a run that used the small micro-batch from the start.
+TEST(Trainer, OutOfMemoryHalvesTheMicroBatchAndRedoesTheStep) {
+  test::TempDir dir;
+  auto run = [&](const std::string& name, int64_t rows, int64_t limit,
+                 Regression& r, std::string resume = "auto") {
+    r.rows = rows;
+    auto task = r.task();
+    auto inner = task.micro_step;
+    task.micro_step = [&r, inner, limit] {
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, r.rows <= limit,
+          "CUDA out of memory. Tried to allocate 2.00 GiB (injected)");
+      return inner();
+    };
+    task.set_micro_batch = [&r](int64_t b) { r.rows = b; };
+    auto o = options(dir, name);
+    o.micro_batch = rows;
+    o.grad_accum = 16 / rows;
+    o.save_every = 2;
+    o.resume = resume;
+    Optimizers opt(sgd_like(r, 0.05));
+    RunLog log(o.run_dir + "/train.log");
+    return Trainer(o, task, opt, log).run();
+  };
+  Regression small, big;
+  run("small", 4, 100, small);
+  auto res = run("big", 16, 4, big);
+  EXPECT_EQ(res.micro_batch, 4);
+  EXPECT_TRUE(torch::allclose(big.model->weight, small.model->weight, 1e-6, 1e-7))
+      << big.model->weight << small.model->weight;
+  std::string log = test::read_text(dir.file("big/train.log"));
+  EXPECT_NE(log.find("Out of memory at step 1 with device_batch_size=16: "
+                     "halved to 8"), std::string::npos) << log;
+  EXPECT_NE(log.find("halved to 4, gradient accumulation now 4"),
+            std::string::npos) << log;
+  // A resume of that run (from step 4) continues with 4 rows, not 16.
+  Regression again;
+  auto r2 = run("again", 16, 4, again, dir.file("big/checkpoints/step_000004"));
+  EXPECT_EQ(r2.micro_batch, 4);
+  EXPECT_TRUE(torch::allclose(again.model->weight, small.model->weight, 1e-6, 1e-7));
+  std::string log2 = test::read_text(dir.file("again/train.log"));
+  EXPECT_NE(log2.find("Continuing with device_batch_size=4"), std::string::npos)
+      << log2;
+  EXPECT_EQ(log2.find("Out of memory"), std::string::npos) << log2;
+  // At one row there is nothing left to halve: a message, not a crash.
+  Regression tiny;
+  try {
+    run("tiny", 1, 0, tiny);
+    FAIL() << "out of memory at batch 1 did not stop the run";
+  } catch (const UserError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("cannot be halved further"), std::string::npos) << m;
+    EXPECT_NE(m.find("gradient_checkpointing=true"), std::string::npos) << m;
+  }
+}
+
+} // namespace
+} // namespace orchard::train

@@ -1,0 +1,28 @@
+// How much memory training uses on a device, now and at its peak:
+//   CUDA  the caching allocator's bytes in live tensors (exact)
+//   MPS   the Metal driver's allocation for this process (PyTorch's
+//         torch.mps.driver_allocated_memory); no peak is kept by the
+//         driver, so the peak is the largest value read
+//   CPU   the process's resident set (VmRSS, peak VmHWM on Linux; the
+//         peak can be reset through /proc/self/clear_refs)
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+namespace orchard {
+
+struct MemoryReading {
+  uint64_t current = 0, peak = 0;
+  std::string what; // "CUDA allocator", "MPS driver", "process RSS"
+};
+
+MemoryReading read_memory(const c10::Device& device);
+
+// Starts a new peak from the current value (where the device allows it;
+// returns false where it cannot, e.g. RSS on macOS).
+bool reset_peak_memory(const c10::Device& device);
+
+} // namespace orchard

@@ -1,0 +1,51 @@
+#include "models/checkpointing.h"
+
+#include "core/torch_compat.h"
+
+namespace orchard::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Fn = std::function<torch::Tensor(const torch::Tensor&)>;
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static torch::Tensor forward(
+      AutogradContext* ctx,
+      torch::Tensor x,
+      const Fn* fn) {
+    // A pointer through an integer: saved_data holds IValues only. The
+    // caller keeps `fn` alive until backward (see the header).
+    ctx->saved_data["fn"] = int64_t(reinterpret_cast<intptr_t>(fn));
+    ctx->saved_data["autocast"] = int64_t(compat::autocast_dtype(x.device().type()));
+    ctx->save_for_backward({x});
+    torch::NoGradGuard no_grad;
+    return (*fn)(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Fn* fn = reinterpret_cast<const Fn*>(
+        intptr_t(ctx->saved_data["fn"].toInt()));
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode grad_on(true);
+      compat::AutocastGuard autocast(
+          x.device().type(),
+          static_cast<torch::ScalarType>(ctx->saved_data["autocast"].toInt()));
+      y = (*fn)(x);
+    }
+    torch::autograd::backward({y}, {grads[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+} // namespace
+
+torch::Tensor checkpointed(const Fn& fn, const torch::Tensor& x) {
+  if (!torch::GradMode::is_enabled())
+    return fn(x);
+  return CheckpointFunction::apply(x, &fn);
+}
+
+} // namespace orchard::models

@@ -1,0 +1,241 @@
+#include "train/memory_plan.h"
+
+#include "core/machine.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace orchard::train {
+namespace {
+
+// Fitted coefficients (see the header for the formula and bench/RESULTS.md
+// for the measurements they come from).
+struct Coefficients {
+  double a;         // bytes per token per unit width, one block
+  double h;         // bytes per token per head per key, explicit attention
+  double g;         // bytes per token per vocabulary entry
+  double workspace; // bytes
+};
+
+// Least-squares fits to bench/run_memory_grid.sh (bench/RESULTS.md, 2026-11-22):
+// CPU float32 on Debian's libtorch 1.13 (explicit attention, process RSS,
+// which also holds OpenBLAS's per-thread buffers: the workspace term).
+// Where nothing was measured yet (CPU low precision, MPS), the CPU fit
+// is used with the low-precision width term scaled by the byte ratio of
+// the analysis in the header (60 / 84).
+Coefficients coefficients(c10::DeviceType device, c10::ScalarType compute) {
+  const bool low = compute != c10::ScalarType::Float;
+  Coefficients cpu{28.5, 57.0, 17.0, 71e6};
+  if (low)
+    cpu.a *= 60.0 / 84.0;
+  if (device == c10::DeviceType::CUDA)
+    return low ? Coefficients{60.0, 0.0, 16.0, 64e6}
+               : Coefficients{84.0, 0.0, 16.0, 64e6};
+  return cpu;
+}
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0)
+      out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+} // namespace
+
+std::string format_mb(double bytes) {
+  return with_commas(int64_t(bytes / 1e6 + 0.5)) + " MB";
+}
+
+PlanModel plan_model_of(const models::GptConfig& c) {
+  PlanModel m;
+  m.n_layer = c.n_layer;
+  m.n_embd = c.n_embd;
+  m.n_head = c.n_head;
+  m.n_kv_head = c.n_kv_head;
+  m.vocab_size = c.vocab_size;
+  const int64_t C = c.n_embd, kv = c.n_kv_head * c.head_dim();
+  // Per block: q (C x C), k and v (kv x C), proj (C x C), MLP 2 x 4C x C.
+  m.matrix_params = c.n_layer * (2 * C * C + 2 * kv * C + 8 * C * C);
+  m.params = m.matrix_params + 2 * c.vocab_size * C; // + wte + lm_head
+  return m;
+}
+
+MemoryEstimate estimate_memory(
+    const PlanModel& m,
+    const PlanSettings& s,
+    int64_t batch,
+    int64_t accum) {
+  const Coefficients k = coefficients(s.device, s.compute);
+  const double P = double(m.params), Pm = double(m.matrix_params);
+  const double tokens = double(batch) * double(s.seq_len);
+  const double C = double(m.n_embd), L = double(m.n_layer);
+  const double attn =
+      s.fused_attention ? 0.0 : k.h * double(m.n_head) * double(s.seq_len);
+  const double per_block = tokens * (k.a * C + attn);
+  MemoryEstimate e;
+  e.weights = 4 * P;
+  e.gradients = 4 * P;
+  e.optimizer = s.muon ? 4 * Pm + 8 * (P - Pm) : 8 * P;
+  e.casts = s.compute == c10::ScalarType::Float ? 0.0 : 2 * Pm;
+  e.activations = s.gradient_checkpointing
+      ? L * tokens * C * 4 + per_block
+      : L * per_block;
+  e.logits = tokens * double(m.vocab_size) * k.g;
+  e.workspace = k.workspace;
+  if (accum <= 1) {
+    // One micro-step: the blocks' gradients appear as their activations are
+    // freed, so the peak is the larger end of the backward.
+    const double start = e.activations + e.logits + 4 * (P - Pm);
+    const double end = e.gradients;
+    const double peak_extra = std::max(start, end);
+    e.gradients = std::min(e.gradients, std::max(0.0, peak_extra - e.activations - e.logits));
+  }
+  return e;
+}
+
+MemoryBudget memory_budget(const DeviceInfo& d, double fraction) {
+  MemoryBudget b;
+  if (d.kind == "cuda") {
+    b.usable = d.free_memory;
+    b.why = "free GPU memory";
+  } else if (d.kind == "mps") {
+    b.usable = uint64_t(double(d.total_memory) * kMpsWorkingSetShare);
+    b.why = "the GPU's working set on a Mac: 65 % of " +
+        format_bytes(d.total_memory) + " unified memory";
+  } else {
+    b.usable = d.free_memory;
+    b.why = "available RAM";
+  }
+  b.bytes = uint64_t(double(b.usable) * fraction);
+  char pct[16];
+  std::snprintf(pct, sizeof pct, "%.0f %%", fraction * 100);
+  b.why = std::string(pct) + " of " + b.why + " (" + format_bytes(b.usable) + ")";
+  return b;
+}
+
+BatchPlan plan_batch(
+    const PlanModel& model,
+    PlanSettings settings,
+    int64_t total_batch_size,
+    const MemoryBudget& budget,
+    std::optional<bool> checkpointing) {
+  BatchPlan plan;
+  plan.budget = budget;
+  const int64_t rows = total_batch_size / settings.seq_len;
+  std::vector<bool> modes;
+  if (checkpointing)
+    modes = {*checkpointing};
+  else
+    modes = {false, true};
+  for (bool ckpt : modes) {
+    settings.gradient_checkpointing = ckpt;
+    std::optional<PlanCandidate> best;
+    for (int64_t b = 1; b <= rows; ++b) {
+      if (rows % b != 0)
+        continue;
+      PlanCandidate c;
+      c.batch = b;
+      c.accum = rows / b;
+      c.checkpointing = ckpt;
+      c.estimate = estimate_memory(model, settings, b, c.accum);
+      c.fits = c.estimate.total() <= double(budget.bytes);
+      plan.candidates.push_back(c);
+      if (c.fits)
+        best = c;
+    }
+    if (best) {
+      plan.choice = best;
+      plan.why = "the largest micro-batch whose predicted peak (" +
+          format_mb(best->estimate.total()) + ") fits the budget (" +
+          format_mb(double(budget.bytes)) + ")" +
+          (ckpt && !checkpointing
+               ? "; nothing fits without gradient checkpointing, so it is on"
+               : "");
+      return plan;
+    }
+  }
+  plan.why = "no micro-batch fits: even 1 sequence of " +
+      std::to_string(settings.seq_len) + " tokens needs " +
+      format_mb(plan.candidates.empty() ? 0.0
+                                        : plan.candidates.back().batch == 1
+                    ? plan.candidates.back().estimate.total()
+                    : plan.candidates.front().estimate.total()) +
+      " against a budget of " + format_mb(double(budget.bytes)) +
+      ". Shorten max_seq_len, use a smaller model (depth), or free memory.";
+  return plan;
+}
+
+std::string plan_table(const BatchPlan& plan, int64_t seq_len) {
+  std::string out = "Budget: " + format_mb(double(plan.budget.bytes)) + " (" +
+      plan.budget.why + ")\n\n";
+  char line[256];
+  std::snprintf(
+      line, sizeof line, "%6s %6s %5s %10s %10s %10s %10s %10s %10s %12s  %s\n",
+      "batch", "accum", "ckpt", "weights", "grads", "optimizer", "casts",
+      "activ.", "logits", "peak", "fits");
+  out += line;
+  for (const auto& c : plan.candidates) {
+    const auto& e = c.estimate;
+    const bool chosen = plan.choice && plan.choice->batch == c.batch &&
+        plan.choice->checkpointing == c.checkpointing;
+    std::snprintf(
+        line, sizeof line,
+        "%6lld %6lld %5s %10s %10s %10s %10s %10s %10s %12s  %s%s\n",
+        (long long)c.batch, (long long)c.accum, c.checkpointing ? "on" : "off",
+        format_mb(e.weights).c_str(), format_mb(e.gradients).c_str(),
+        format_mb(e.optimizer).c_str(), format_mb(e.casts).c_str(),
+        format_mb(e.activations).c_str(), format_mb(e.logits).c_str(),
+        format_mb(e.total()).c_str(), c.fits ? "yes" : "no",
+        chosen ? "   <- chosen" : "");
+    out += line;
+  }
+  out += "\n";
+  if (plan.choice)
+    out += "Choice: device_batch_size=" + std::to_string(plan.choice->batch) +
+        " (" + std::to_string(plan.choice->batch) + " x " +
+        std::to_string(seq_len) + " tokens), gradient accumulation " +
+        std::to_string(plan.choice->accum) + ", gradient checkpointing " +
+        (plan.choice->checkpointing ? "on" : "off") + ": " + plan.why + ".\n";
+  else
+    out += "No choice: " + plan.why + "\n";
+  return out;
+}
+
+nlohmann::json plan_json(const BatchPlan& plan, int64_t seq_len) {
+  auto est = [](const MemoryEstimate& e) {
+    return nlohmann::json{
+        {"weights", e.weights},       {"gradients", e.gradients},
+        {"optimizer", e.optimizer},   {"casts", e.casts},
+        {"activations", e.activations}, {"logits", e.logits},
+        {"workspace", e.workspace},   {"total", e.total()}};
+  };
+  nlohmann::json j;
+  j["budget"] = {
+      {"bytes", plan.budget.bytes},
+      {"usable", plan.budget.usable},
+      {"why", plan.budget.why}};
+  j["seq_len"] = seq_len;
+  j["candidates"] = nlohmann::json::array();
+  for (const auto& c : plan.candidates)
+    j["candidates"].push_back(
+        {{"device_batch_size", c.batch},
+         {"grad_accum_steps", c.accum},
+         {"gradient_checkpointing", c.checkpointing},
+         {"fits", c.fits},
+         {"bytes", est(c.estimate)}});
+  if (plan.choice)
+    j["choice"] = {
+        {"device_batch_size", plan.choice->batch},
+        {"grad_accum_steps", plan.choice->accum},
+        {"gradient_checkpointing", plan.choice->checkpointing}};
+  else
+    j["choice"] = nullptr;
+  j["why"] = plan.why;
+  return j;
+}
+
+} // namespace orchard::train

@@ -1,0 +1,31 @@
+// Measuring what the planner predicts: the peak memory of real training
+// steps (forward, backward, optimizer) of a GPT at a given micro-batch, on
+// a device (core/memory_stats.h says what is read there). Used by `orchard
+// plan --probe` and bench/memory_probe.cpp.
+#pragma once
+
+#include "models/gpt.h"
+#include "train/memory_plan.h"
+
+#include <cstdint>
+
+namespace orchard::train {
+
+struct ProbeResult {
+  double measured = 0;  // bytes above the baseline before the model existed
+  double predicted = 0; // estimate_memory(...).total()
+  MemoryEstimate estimate;
+};
+
+// Builds the model (with settings.gradient_checkpointing), takes two
+// optimizer steps of `accum` micro-steps of `batch` random sequences, and
+// reads the peak of the second step. UserError-free: an out-of-memory
+// error propagates as c10::Error for the caller to report.
+ProbeResult measure_step_peak(
+    models::GptConfig config,
+    const PlanSettings& settings,
+    int64_t batch,
+    int64_t accum,
+    const c10::Device& device);
+
+} // namespace orchard::train

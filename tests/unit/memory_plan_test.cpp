@@ -1,0 +1,108 @@
+// The memory planner: the weights term against the real model's parameter
+// count, choices on simulated 16-128 GB Macs (monotone, within budget),
+// checkpointing when nothing fits without it, and the no-fit message.
+#include "core/device.h"
+#include "train/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace orchard::train {
+namespace {
+
+models::GptConfig gpt(int64_t depth, int64_t vocab = 8192) {
+  models::GptConfig c;
+  c.n_layer = depth;
+  c.n_embd = 64 * depth;
+  c.n_head = c.n_kv_head = std::max<int64_t>(1, (64 * depth + 127) / 128);
+  c.vocab_size = vocab;
+  c.max_seq_len = 8;
+  return c;
+}
+
+TEST(MemoryPlan, ParameterCountsMatchTheRealModel) {
+  for (int64_t d : {1, 4, 6}) {
+    auto c = gpt(d);
+    models::Gpt model(c);
+    PlanModel pm = plan_model_of(c);
+    EXPECT_EQ(pm.params, model->num_parameters()) << d;
+    int64_t matrices = 0;
+    for (const auto& p : model->named_parameters())
+      if (p.key().rfind("blocks.", 0) == 0)
+        matrices += p.value().numel();
+    EXPECT_EQ(pm.matrix_params, matrices) << d;
+    PlanSettings s;
+    s.muon = false;
+    auto e = estimate_memory(pm, s, 1, 2);
+    EXPECT_EQ(e.weights, 4.0 * double(model->num_parameters()));
+    EXPECT_EQ(e.optimizer, 8.0 * double(model->num_parameters())); // AdamW
+  }
+}
+
+TEST(MemoryPlan, ChoicesOnSimulatedMacsAreMonotoneAndFit) {
+  // The overnight model (d6, 512 tokens, 16384 per step) on Macs.
+  PlanModel pm = plan_model_of(gpt(6, 65536));
+  PlanSettings s;
+  s.seq_len = 512;
+  s.device = c10::DeviceType::MPS;
+  int64_t previous = 0;
+  for (int gb : {16, 32, 64, 128}) {
+    DeviceInfo d = resolve_device("auto", simulated_machine("mps", gb));
+    MemoryBudget b = memory_budget(d);
+    EXPECT_NEAR(double(b.bytes), double(gb) * kGiB * 0.65 * 0.8, 2.0); // two roundings
+    BatchPlan plan = plan_batch(pm, s, 16384, b);
+    ASSERT_TRUE(plan.choice) << gb << " GB: " << plan.why;
+    EXPECT_LE(plan.choice->estimate.total(), double(b.bytes)) << gb;
+    EXPECT_GE(plan.choice->batch, previous) << gb << " GB";
+    EXPECT_EQ(plan.choice->batch * plan.choice->accum * 512, 16384);
+    // The next size up (if any) does not fit: the choice is the largest.
+    for (const auto& c : plan.candidates)
+      if (!c.checkpointing && c.batch > plan.choice->batch)
+        EXPECT_FALSE(c.fits) << gb << " GB, batch " << c.batch;
+    previous = plan.choice->batch;
+  }
+  EXPECT_GT(previous, 1); // 128 GB takes more than one sequence at a time
+}
+
+TEST(MemoryPlan, CheckpointingCutsActivationsAndIsChosenWhenNeeded) {
+  PlanModel pm = plan_model_of(gpt(12, 50304));
+  PlanSettings s;
+  s.seq_len = 1024;
+  s.device = c10::DeviceType::CUDA;
+  s.fused_attention = true;
+  s.compute = c10::ScalarType::BFloat16;
+  auto plain = estimate_memory(pm, s, 8, 2);
+  s.gradient_checkpointing = true;
+  auto ckpt = estimate_memory(pm, s, 8, 2);
+  EXPECT_LT(ckpt.activations, plain.activations / 4);
+  EXPECT_EQ(ckpt.weights, plain.weights);
+  s.gradient_checkpointing = false;
+  // A budget between batch 1 with and without checkpointing.
+  MemoryBudget b;
+  auto one_plain = estimate_memory(pm, s, 1, 16).total();
+  s.gradient_checkpointing = true;
+  auto one_ckpt = estimate_memory(pm, s, 1, 16).total();
+  s.gradient_checkpointing = false;
+  b.bytes = uint64_t((one_plain + one_ckpt) / 2);
+  BatchPlan plan = plan_batch(pm, s, 16384, b);
+  ASSERT_TRUE(plan.choice) << plan.why;
+  EXPECT_TRUE(plan.choice->checkpointing);
+  EXPECT_NE(plan.why.find("checkpointing"), std::string::npos) << plan.why;
+  // Forced off: nothing fits, and the message says what would help.
+  BatchPlan off = plan_batch(pm, s, 16384, b, false);
+  EXPECT_FALSE(off.choice);
+  EXPECT_NE(off.why.find("Shorten max_seq_len"), std::string::npos) << off.why;
+  auto j = plan_json(off, 1024);
+  EXPECT_TRUE(j["choice"].is_null());
+  EXPECT_EQ(j["candidates"].size(), off.candidates.size());
+}
+
+TEST(MemoryPlan, BudgetPerDevice) {
+  DeviceInfo cuda = resolve_device("auto", simulated_machine("cuda", 24));
+  EXPECT_EQ(memory_budget(cuda).usable, cuda.free_memory);
+  EXPECT_NE(memory_budget(cuda).why.find("free GPU memory"), std::string::npos);
+  DeviceInfo cpu = resolve_device("auto", simulated_machine("cpu", 8));
+  EXPECT_EQ(memory_budget(cpu, 0.5).bytes, cpu.free_memory / 2);
+}
+
+} // namespace
+} // namespace orchard::train
