@@ -17,10 +17,10 @@ struct Coefficients {
   double workspace; // bytes
 };
 
-// Least-squares fits to bench/run_memory_grid.sh (bench/RESULTS.md, 2026-11-22):
-// CPU float32 on Debian's libtorch 1.13 (explicit attention, process RSS,
-// which also holds OpenBLAS's per-thread buffers: the workspace term).
-// Where nothing was measured yet (CPU low precision, MPS), the CPU fit
+// Least-squares fits to bench/run_memory_grid.sh (bench/RESULTS.md,
+// 2026-11-22): CPU float32 on Debian's libtorch 1.13 (explicit attention,
+// process RSS, which also holds OpenBLAS's per-thread buffers: the workspace
+// term). Where nothing was measured yet (CPU low precision, MPS), the CPU fit
 // is used with the low-precision width term scaled by the byte ratio of
 // the analysis in the header (60 / 84).
 Coefficients coefficients(c10::DeviceType device, c10::ScalarType compute) {
@@ -28,9 +28,12 @@ Coefficients coefficients(c10::DeviceType device, c10::ScalarType compute) {
   Coefficients cpu{28.5, 57.0, 17.0, 71e6};
   if (low)
     cpu.a *= 60.0 / 84.0;
+  // CUDA, libtorch 2.11 (fused attention: h = 0), the caching allocator's
+  // peak; H100, 2026-11-22. The bf16 workspace is small because the casts
+  // term already holds what cuBLAS's bf16 path keeps.
   if (device == c10::DeviceType::CUDA)
-    return low ? Coefficients{60.0, 0.0, 16.0, 64e6}
-               : Coefficients{84.0, 0.0, 16.0, 64e6};
+    return low ? Coefficients{72.6, 0.0, 14.6, 5.5e6}
+               : Coefficients{75.3, 0.0, 14.9, 61e6};
   return cpu;
 }
 
@@ -81,9 +84,8 @@ MemoryEstimate estimate_memory(
   e.gradients = 4 * P;
   e.optimizer = s.muon ? 4 * Pm + 8 * (P - Pm) : 8 * P;
   e.casts = s.compute == c10::ScalarType::Float ? 0.0 : 2 * Pm;
-  e.activations = s.gradient_checkpointing
-      ? L * tokens * C * 4 + per_block
-      : L * per_block;
+  e.activations =
+      s.gradient_checkpointing ? L * tokens * C * 4 + per_block : L * per_block;
   e.logits = tokens * double(m.vocab_size) * k.g;
   e.workspace = k.workspace;
   if (accum <= 1) {
@@ -92,7 +94,8 @@ MemoryEstimate estimate_memory(
     const double start = e.activations + e.logits + 4 * (P - Pm);
     const double end = e.gradients;
     const double peak_extra = std::max(start, end);
-    e.gradients = std::min(e.gradients, std::max(0.0, peak_extra - e.activations - e.logits));
+    e.gradients = std::min(
+        e.gradients, std::max(0.0, peak_extra - e.activations - e.logits));
   }
   return e;
 }
@@ -113,7 +116,8 @@ MemoryBudget memory_budget(const DeviceInfo& d, double fraction) {
   b.bytes = uint64_t(double(b.usable) * fraction);
   char pct[16];
   std::snprintf(pct, sizeof pct, "%.0f %%", fraction * 100);
-  b.why = std::string(pct) + " of " + b.why + " (" + format_bytes(b.usable) + ")";
+  b.why =
+      std::string(pct) + " of " + b.why + " (" + format_bytes(b.usable) + ")";
   return b;
 }
 
@@ -161,7 +165,7 @@ BatchPlan plan_batch(
   plan.why = "no micro-batch fits: even 1 sequence of " +
       std::to_string(settings.seq_len) + " tokens needs " +
       format_mb(plan.candidates.empty() ? 0.0
-                                        : plan.candidates.back().batch == 1
+                    : plan.candidates.back().batch == 1
                     ? plan.candidates.back().estimate.total()
                     : plan.candidates.front().estimate.total()) +
       " against a budget of " + format_mb(double(budget.bytes)) +
@@ -174,22 +178,40 @@ std::string plan_table(const BatchPlan& plan, int64_t seq_len) {
       plan.budget.why + ")\n\n";
   char line[256];
   std::snprintf(
-      line, sizeof line, "%6s %6s %5s %10s %10s %10s %10s %10s %10s %12s  %s\n",
-      "batch", "accum", "ckpt", "weights", "grads", "optimizer", "casts",
-      "activ.", "logits", "peak", "fits");
+      line,
+      sizeof line,
+      "%6s %6s %5s %10s %10s %10s %10s %10s %10s %12s  %s\n",
+      "batch",
+      "accum",
+      "ckpt",
+      "weights",
+      "grads",
+      "optimizer",
+      "casts",
+      "activ.",
+      "logits",
+      "peak",
+      "fits");
   out += line;
   for (const auto& c : plan.candidates) {
     const auto& e = c.estimate;
     const bool chosen = plan.choice && plan.choice->batch == c.batch &&
         plan.choice->checkpointing == c.checkpointing;
     std::snprintf(
-        line, sizeof line,
+        line,
+        sizeof line,
         "%6lld %6lld %5s %10s %10s %10s %10s %10s %10s %12s  %s%s\n",
-        (long long)c.batch, (long long)c.accum, c.checkpointing ? "on" : "off",
-        format_mb(e.weights).c_str(), format_mb(e.gradients).c_str(),
-        format_mb(e.optimizer).c_str(), format_mb(e.casts).c_str(),
-        format_mb(e.activations).c_str(), format_mb(e.logits).c_str(),
-        format_mb(e.total()).c_str(), c.fits ? "yes" : "no",
+        (long long)c.batch,
+        (long long)c.accum,
+        c.checkpointing ? "on" : "off",
+        format_mb(e.weights).c_str(),
+        format_mb(e.gradients).c_str(),
+        format_mb(e.optimizer).c_str(),
+        format_mb(e.casts).c_str(),
+        format_mb(e.activations).c_str(),
+        format_mb(e.logits).c_str(),
+        format_mb(e.total()).c_str(),
+        c.fits ? "yes" : "no",
         chosen ? "   <- chosen" : "");
     out += line;
   }
@@ -208,10 +230,14 @@ std::string plan_table(const BatchPlan& plan, int64_t seq_len) {
 nlohmann::json plan_json(const BatchPlan& plan, int64_t seq_len) {
   auto est = [](const MemoryEstimate& e) {
     return nlohmann::json{
-        {"weights", e.weights},       {"gradients", e.gradients},
-        {"optimizer", e.optimizer},   {"casts", e.casts},
-        {"activations", e.activations}, {"logits", e.logits},
-        {"workspace", e.workspace},   {"total", e.total()}};
+        {"weights", e.weights},
+        {"gradients", e.gradients},
+        {"optimizer", e.optimizer},
+        {"casts", e.casts},
+        {"activations", e.activations},
+        {"logits", e.logits},
+        {"workspace", e.workspace},
+        {"total", e.total()}};
   };
   nlohmann::json j;
   j["budget"] = {
