@@ -77,6 +77,16 @@ if [ "${ORCHARD_BENCH:-0}" = 1 ]; then
   BUILD_DIR=build-cuda bash bench/run_train_bench.sh cuda 2>&1 | tee "$OUT/train_bench.txt"
 fi
 
+if [ "${ORCHARD_OOM:-0}" = 1 ]; then
+  step "a real CUDA out-of-memory: d20 at 64 x 1024 tokens, halved until it fits"
+  for extra in "device_batch_size=64" ""; do
+    ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src,docs]" depth=20 \
+      max_seq_len=1024 total_batch_size=65536 num_iterations=2 eval_every=0 sample_every=0 \
+      save_every=0 eval_tokens=8192 run_dir=$G/oom$extra $extra 2>&1 \
+      | grep -E "Memory plan|Batch:|Out of memory|Peak memory|Done|rror" || status=1
+  done
+fi
+
 if [ "${ORCHARD_MEMGRID:-0}" = 1 ]; then
   step "memory planner: predicted vs measured (bench/run_memory_grid.sh cuda)"
   BUILD_DIR=build-cuda bash bench/run_memory_grid.sh cuda > "$OUT/memory_grid_cuda.txt" 2>&1
