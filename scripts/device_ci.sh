@@ -78,10 +78,10 @@ if [ "${ORCHARD_BENCH:-0}" = 1 ]; then
 fi
 
 if [ "${ORCHARD_OOM:-0}" = 1 ]; then
-  step "a real CUDA out-of-memory: d20 at 64 x 1024 tokens, halved until it fits"
+  step "a real CUDA out-of-memory: d24 at 64 x 512 tokens, halved until it fits"
   for extra in "device_batch_size=64" ""; do
-    ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src,docs]" depth=20 \
-      max_seq_len=1024 total_batch_size=65536 num_iterations=2 eval_every=0 sample_every=0 \
+    ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src,docs,tests,bench]" depth=24 \
+      max_seq_len=512 total_batch_size=32768 num_iterations=2 eval_every=0 sample_every=0 \
       save_every=0 eval_tokens=8192 run_dir=$G/oom$extra $extra 2>&1 \
       | grep -E "Memory plan|Batch:|Out of memory|Peak memory|Done|rror" || status=1
   done
