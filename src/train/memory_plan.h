@@ -9,15 +9,16 @@
 //   optimizer    AdamW: 8 P (two moments); Muon: 4 P_m (momentum) + 8 (P - P_m)
 //   casts        2 P_m under bf16/fp16 autocast (the low-precision copies of
 //                the matrices that the backward keeps)
-//   activations  L B T (a C + h H T) s     without checkpointing
-//                L B T C 4 + B T (a C + h H T) s   with it (each block keeps
-//                its float32 input; one block's intermediates live again
-//                while it is recomputed)
+//   activations  L B T (a C + h H T)        without checkpointing
+//                L B T k C + B T (a C + h H T)   with it (each block keeps
+//                its float32 input, k = 4 by count; one block's
+//                intermediates live again while it is recomputed)
 //   logits       B T V g                  lm_head output, soft-cap, log-softmax
 //                and their gradients, float32
 //   workspace    a constant per device (cuBLAS/cuDNN scratch, allocator slack)
 //
-// a: bytes per token per unit of width kept by one block. Counting what
+// a: bytes per token per unit of width kept by one block (all coefficients
+// are bytes, so the compute dtype is inside them). Counting what
 // autograd saves in models/gpt.cpp's block gives about 20-21 tensors of
 // width C (x, the norms' outputs, q/k/v before and after rotary and
 // QK-norm, the attention output, the MLP's ReLU and ReLU² of width 4C), i.e.
