@@ -1,10 +1,11 @@
 // Predicted vs measured peak memory of one training configuration of
 // Orchard's GPT (train/memory_probe.h), for bench/run_memory_grid.sh.
-//   orchard_bench_memory DEVICE LAYERS WIDTH HEADS VOCAB BATCH SEQ CKPT DTYPE OPTIMIZER ACCUM
+//   orchard_bench_memory DEVICE LAYERS WIDTH HEADS VOCAB BATCH SEQ CKPT DTYPE
+//   OPTIMIZER ACCUM
 // One configuration per process, so the CPU's resident set starts clean.
+#include "train/memory_probe.h"
 #include "core/machine.h"
 #include "core/torch_compat.h"
-#include "train/memory_probe.h"
 
 #include <cstdio>
 

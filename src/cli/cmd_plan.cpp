@@ -36,79 +36,83 @@ Command register_plan(CLI::App& root) {
       st->probe,
       "run a training step at the chosen size and the next one up and print "
       "the measured peak beside the prediction");
-  return {app, [st] {
-            PretrainConfig cfg;
-            config::resolve(pretrain_schema(), &cfg, sources_of(st->config));
-            MachineFacts m = machine_for(st->device);
-            DeviceInfo d = select_device(st->device, m);
-            if (st->probe && m.simulated)
-              throw UserError(
-                  "--probe runs on this machine's device; it cannot measure "
-                  "an assumed one (drop --assume-device).");
-            // The vocabulary: the given tokenizer's, or the size Orchard
-            // trains for pretraining data.
-            int64_t vocab = int64_t(train::kDefaultVocabSize);
-            if (!cfg.tokenizer.empty())
-              vocab = int64_t(text::load_tokenizer(cfg.tokenizer).vocab_size());
-            models::GptConfig mc = models::resolve_gpt_config(cfg, vocab);
-            train::Precision precision =
-                train::resolve_precision(cfg.dtype, d);
-            train::PlanSettings ps = train::plan_settings(cfg, precision, d);
-            train::grad_accum_steps( // the known message when it does not divide
-                cfg.total_batch_size,
-                cfg.device_batch_size.value_or(1),
-                cfg.max_seq_len);
-            auto plan = train::plan_batch(
-                train::plan_model_of(mc),
-                ps,
-                cfg.total_batch_size,
-                train::memory_budget(d, cfg.memory_fraction),
-                cfg.gradient_checkpointing == "auto"
-                    ? std::nullopt
-                    : std::optional<bool>(cfg.gradient_checkpointing == "true"));
-            if (st->json) {
-              std::printf("%s\n", train::plan_json(plan, cfg.max_seq_len).dump(2).c_str());
-            } else {
+  return {
+      app, [st] {
+        PretrainConfig cfg;
+        config::resolve(pretrain_schema(), &cfg, sources_of(st->config));
+        MachineFacts m = machine_for(st->device);
+        DeviceInfo d = select_device(st->device, m);
+        if (st->probe && m.simulated)
+          throw UserError(
+              "--probe runs on this machine's device; it cannot measure "
+              "an assumed one (drop --assume-device).");
+        // The vocabulary: the given tokenizer's, or the size Orchard
+        // trains for pretraining data.
+        int64_t vocab = int64_t(train::kDefaultVocabSize);
+        if (!cfg.tokenizer.empty())
+          vocab = int64_t(text::load_tokenizer(cfg.tokenizer).vocab_size());
+        models::GptConfig mc = models::resolve_gpt_config(cfg, vocab);
+        train::Precision precision = train::resolve_precision(cfg.dtype, d);
+        train::PlanSettings ps = train::plan_settings(cfg, precision, d);
+        train::grad_accum_steps( // the known message when it does not divide
+            cfg.total_batch_size,
+            cfg.device_batch_size.value_or(1),
+            cfg.max_seq_len);
+        auto plan = train::plan_batch(
+            train::plan_model_of(mc),
+            ps,
+            cfg.total_batch_size,
+            train::memory_budget(d, cfg.memory_fraction),
+            cfg.gradient_checkpointing == "auto"
+                ? std::nullopt
+                : std::optional<bool>(cfg.gradient_checkpointing == "true"));
+        if (st->json) {
+          std::printf(
+              "%s\n", train::plan_json(plan, cfg.max_seq_len).dump(2).c_str());
+        } else {
+          std::printf(
+              "Model: %s, %lld parameters, %lld tokens per sequence, %s, "
+              "%s\n",
+              mc.tag().c_str(),
+              (long long)train::plan_model_of(mc).params,
+              (long long)cfg.max_seq_len,
+              precision.name.c_str(),
+              cfg.optimizer == "muon" ? "Muon + AdamW" : "AdamW");
+          std::printf("%s", train::plan_table(plan, cfg.max_seq_len).c_str());
+        }
+        if (st->probe && plan.choice) {
+          std::vector<train::PlanCandidate> sizes = {*plan.choice};
+          for (const auto& c : plan.candidates)
+            if (c.checkpointing == plan.choice->checkpointing &&
+                c.batch > plan.choice->batch) {
+              sizes.push_back(c);
+              break;
+            }
+          std::printf("\nProbe (two real training steps each):\n");
+          for (const auto& c : sizes) {
+            train::PlanSettings s = ps;
+            s.gradient_checkpointing = c.checkpointing;
+            try {
+              auto r =
+                  train::measure_step_peak(mc, s, c.batch, c.accum, d.device);
               std::printf(
-                  "Model: %s, %lld parameters, %lld tokens per sequence, %s, "
-                  "%s\n",
-                  mc.tag().c_str(),
-                  (long long)train::plan_model_of(mc).params,
-                  (long long)cfg.max_seq_len,
-                  precision.name.c_str(),
-                  cfg.optimizer == "muon" ? "Muon + AdamW" : "AdamW");
-              std::printf("%s", train::plan_table(plan, cfg.max_seq_len).c_str());
+                  "  batch %lld: measured %s, predicted %s (%+.1f %%)\n",
+                  (long long)c.batch,
+                  train::format_mb(r.measured).c_str(),
+                  train::format_mb(r.predicted).c_str(),
+                  100.0 * (r.predicted - r.measured) / r.measured);
+            } catch (const c10::Error& e) {
+              std::printf(
+                  "  batch %lld: out of memory (%s)\n",
+                  (long long)c.batch,
+                  std::string(e.what_without_backtrace())
+                      .substr(0, 120)
+                      .c_str());
             }
-            if (st->probe && plan.choice) {
-              std::vector<train::PlanCandidate> sizes = {*plan.choice};
-              for (const auto& c : plan.candidates)
-                if (c.checkpointing == plan.choice->checkpointing &&
-                    c.batch > plan.choice->batch) {
-                  sizes.push_back(c);
-                  break;
-                }
-              std::printf("\nProbe (two real training steps each):\n");
-              for (const auto& c : sizes) {
-                train::PlanSettings s = ps;
-                s.gradient_checkpointing = c.checkpointing;
-                try {
-                  auto r = train::measure_step_peak(mc, s, c.batch, c.accum, d.device);
-                  std::printf(
-                      "  batch %lld: measured %s, predicted %s (%+.1f %%)\n",
-                      (long long)c.batch,
-                      train::format_mb(r.measured).c_str(),
-                      train::format_mb(r.predicted).c_str(),
-                      100.0 * (r.predicted - r.measured) / r.measured);
-                } catch (const c10::Error& e) {
-                  std::printf(
-                      "  batch %lld: out of memory (%s)\n",
-                      (long long)c.batch,
-                      std::string(e.what_without_backtrace()).substr(0, 120).c_str());
-                }
-              }
-            }
-            return plan.choice ? 0 : 1;
-          }};
+          }
+        }
+        return plan.choice ? 0 : 1;
+      }};
 }
 
 } // namespace orchard::cli

@@ -48,7 +48,8 @@ MemoryReading read_memory(const c10::Device& device) {
     r.what = "MPS driver";
 #if TORCH_VERSION_MAJOR >= 2
     if (compat::mps_available()) {
-      r.current = uint64_t(at::detail::getMPSHooks().getDriverAllocatedMemory());
+      r.current =
+          uint64_t(at::detail::getMPSHooks().getDriverAllocatedMemory());
       g_mps_peak = std::max(g_mps_peak, r.current);
       r.peak = g_mps_peak;
     }

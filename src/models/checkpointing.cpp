@@ -17,15 +17,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     // A pointer through an integer: saved_data holds IValues only. The
     // caller keeps `fn` alive until backward (see the header).
     ctx->saved_data["fn"] = int64_t(reinterpret_cast<intptr_t>(fn));
-    ctx->saved_data["autocast"] = int64_t(compat::autocast_dtype(x.device().type()));
+    ctx->saved_data["autocast"] =
+        int64_t(compat::autocast_dtype(x.device().type()));
     ctx->save_for_backward({x});
     torch::NoGradGuard no_grad;
     return (*fn)(x);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const Fn* fn = reinterpret_cast<const Fn*>(
-        intptr_t(ctx->saved_data["fn"].toInt()));
+    const Fn* fn =
+        reinterpret_cast<const Fn*>(intptr_t(ctx->saved_data["fn"].toInt()));
     auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     torch::Tensor y;
     {

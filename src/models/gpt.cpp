@@ -166,7 +166,11 @@ GptImpl::GptImpl(const GptConfig& c) : config(c) {
     block_fns_.push_back([this, i](const torch::Tensor& x) {
       const int64_t T = x.size(1);
       return blocks[i]->as<BlockImpl>()->forward(
-          x, rope_cos.narrow(0, 0, T), rope_sin.narrow(0, 0, T), nullptr, nullptr);
+          x,
+          rope_cos.narrow(0, 0, T),
+          rope_sin.narrow(0, 0, T),
+          nullptr,
+          nullptr);
     });
   init_weights();
 }
@@ -219,11 +223,11 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
   for (int64_t i = 0; i < config.n_layer; ++i)
     x = recompute ? checkpointed(block_fns_[i], x)
                   : blocks[i]->as<BlockImpl>()->forward(
-        x,
-        cos,
-        sin,
-        cache ? &cache->k[i] : nullptr,
-        cache ? &cache->v[i] : nullptr);
+                        x,
+                        cos,
+                        sin,
+                        cache ? &cache->k[i] : nullptr,
+                        cache ? &cache->v[i] : nullptr);
   auto logits = lm_head(rms_norm(x)); // (B, T, V)
   auto compute = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64
                                                          : torch::kFloat32;

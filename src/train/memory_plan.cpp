@@ -91,8 +91,8 @@ MemoryEstimate estimate_memory(
   e.gradients = 4 * P;
   e.optimizer = s.muon ? 4 * Pm + 8 * (P - Pm) : 8 * P;
   e.casts = s.compute == c10::ScalarType::Float ? 0.0 : 2 * Pm;
-  e.activations =
-      s.gradient_checkpointing ? L * tokens * C * k.k + per_block : L * per_block;
+  e.activations = s.gradient_checkpointing ? L * tokens * C * k.k + per_block
+                                           : L * per_block;
   e.logits = tokens * double(m.vocab_size) * k.g;
   e.workspace = k.workspace;
   if (accum <= 1) {

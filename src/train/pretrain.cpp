@@ -374,8 +374,8 @@ PretrainResult run_pretraining(
     log("Optimizer: " + optimizers.describe());
     log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
         " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
-        (mc.gradient_checkpointing ? ", gradient checkpointing" : "") +
-        ", " + std::to_string(accum) + " accumulation step(s), " +
+        (mc.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +
+        std::to_string(accum) + " accumulation step(s), " +
         std::to_string(cfg.total_batch_size) + " tokens per step; " +
         std::to_string(total) + " steps (" +
         fmt("%.2f",

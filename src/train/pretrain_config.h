@@ -39,8 +39,8 @@ struct PretrainConfig {
 
   // Batch
   int64_t max_seq_len = 256;
-  std::optional<int64_t> device_batch_size; // auto: the memory planner's
-  int64_t total_batch_size = 4096;          // tokens per optimizer step
+  std::optional<int64_t> device_batch_size;    // auto: the memory planner's
+  int64_t total_batch_size = 4096;             // tokens per optimizer step
   std::string gradient_checkpointing = "auto"; // auto | true | false
   double memory_fraction = 0.8; // share of usable memory the planner fills
 

@@ -167,9 +167,10 @@ int64_t Trainer::resume() {
     const int64_t saved = ckpt->state.at("micro_batch").get<int64_t>();
     const int64_t rows = opt_.micro_batch * opt_.grad_accum;
     if (saved != opt_.micro_batch && saved > 0 && rows % saved == 0) {
-      log_("Continuing with device_batch_size=" + std::to_string(saved) +
-           " as the checkpoint's run did (it was " +
-           std::to_string(opt_.micro_batch) + " here).");
+      log_(
+          "Continuing with device_batch_size=" + std::to_string(saved) +
+          " as the checkpoint's run did (it was " +
+          std::to_string(opt_.micro_batch) + " here).");
       task_.set_micro_batch(saved);
       opt_.micro_batch = saved;
       opt_.grad_accum = rows / saved;
@@ -314,17 +315,19 @@ void Trainer::recover_from_oom(
         "), and the micro-batch cannot be halved further. Turn on "
         "gradient_checkpointing=true, shorten max_seq_len, or train a smaller "
         "model; `orchard plan` shows what fits. Checkpoints already written "
-        "in " + opt_.run_dir + "/checkpoints are intact.");
+        "in " +
+        opt_.run_dir + "/checkpoints are intact.");
   }
   if (task_.restore_data && !data_at_start.is_null())
     task_.restore_data(data_at_start); // the step's first micro-batch again
   task_.set_micro_batch(b / 2);
   opt_.micro_batch = b / 2;
   opt_.grad_accum *= 2;
-  log_("Out of memory at step " + std::to_string(step + 1) +
-       " with device_batch_size=" + std::to_string(b) + ": halved to " +
-       std::to_string(b / 2) + ", gradient accumulation now " +
-       std::to_string(opt_.grad_accum) + "; redoing the step.");
+  log_(
+      "Out of memory at step " + std::to_string(step + 1) +
+      " with device_batch_size=" + std::to_string(b) + ": halved to " +
+      std::to_string(b / 2) + ", gradient accumulation now " +
+      std::to_string(opt_.grad_accum) + "; redoing the step.");
 }
 
 TrainerResult Trainer::run() {
@@ -472,8 +475,9 @@ TrainerResult Trainer::run() {
   result.skipped_steps = skipped_;
   result.peak_memory_bytes = peak_memory;
   result.micro_batch = opt_.micro_batch;
-  log_("Peak memory: " + format_bytes(peak_memory) + " (" +
-       read_memory(opt_.device).what + ").");
+  log_(
+      "Peak memory: " + format_bytes(peak_memory) + " (" +
+      read_memory(opt_.device).what + ").");
   if (skipped_ > 0)
     log_(
         std::to_string(skipped_) +

@@ -74,8 +74,8 @@ struct TrainerOptions {
   torch::Device device{torch::kCPU};
   Precision precision;
   int64_t total_steps = 1;
-  int64_t micro_batch = 1; // sequences per micro-step
-  int64_t grad_accum = 1;  // micro-steps per optimizer step
+  int64_t micro_batch = 1;     // sequences per micro-step
+  int64_t grad_accum = 1;      // micro-steps per optimizer step
   int64_t tokens_per_step = 0; // for tokens/s
   double grad_clip = 1.0;      // 0: off
   int64_t warmup_steps = 0;
@@ -91,11 +91,11 @@ struct TrainerOptions {
 struct TrainerResult {
   int64_t step = 0, total = 0;
   EvalResult final_eval;
-  std::string checkpoint_dir; // the final (or the interrupt's) checkpoint
-  bool interrupted = false;   // stopped by SIGINT/SIGTERM after saving
-  bool already_done = false;  // the run was complete before this call
-  int64_t skipped_steps = 0;  // float16 steps whose gradients overflowed
-  int64_t micro_batch = 0;    // at the end (smaller after out-of-memory)
+  std::string checkpoint_dir;     // the final (or the interrupt's) checkpoint
+  bool interrupted = false;       // stopped by SIGINT/SIGTERM after saving
+  bool already_done = false;      // the run was complete before this call
+  int64_t skipped_steps = 0;      // float16 steps whose gradients overflowed
+  int64_t micro_batch = 0;        // at the end (smaller after out-of-memory)
   uint64_t peak_memory_bytes = 0; // core/memory_stats.h's peak
 };
 

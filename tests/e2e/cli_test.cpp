@@ -433,11 +433,18 @@ TEST(CliPlan, TableJsonAssumedMacAndErrors) {
   EXPECT_NE(r.out.find("<- chosen"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Choice: device_batch_size="), std::string::npos);
   auto j = test::run_orchard(
-      {"plan", "--json", "--preset", "overnight", "--assume-device", "mps",
-       "--memory-gb", "16"});
+      {"plan",
+       "--json",
+       "--preset",
+       "overnight",
+       "--assume-device",
+       "mps",
+       "--memory-gb",
+       "16"});
   ASSERT_EQ(j.exit_code, 0) << j.err;
   auto doc = nlohmann::json::parse(j.out.substr(j.out.find('{')));
-  EXPECT_NE(doc["budget"]["why"].get<std::string>().find("65 %"), std::string::npos);
+  EXPECT_NE(
+      doc["budget"]["why"].get<std::string>().find("65 %"), std::string::npos);
   ASSERT_FALSE(doc["choice"].is_null());
   EXPECT_EQ(
       doc["choice"]["device_batch_size"].get<int64_t>() *
@@ -445,13 +452,22 @@ TEST(CliPlan, TableJsonAssumedMacAndErrors) {
       16384);
   // The largest model at 1 GB has nothing that fits: exit 1 and the fix.
   auto none = test::run_orchard(
-      {"plan", "--assume-device", "cuda", "--memory-gb", "1", "depth=24",
-       "max_seq_len=2048", "total_batch_size=65536", "gradient_checkpointing=false"});
+      {"plan",
+       "--assume-device",
+       "cuda",
+       "--memory-gb",
+       "1",
+       "depth=24",
+       "max_seq_len=2048",
+       "total_batch_size=65536",
+       "gradient_checkpointing=false"});
   EXPECT_EQ(none.exit_code, 1);
-  EXPECT_NE(none.out.find("Shorten max_seq_len"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("Shorten max_seq_len"), std::string::npos)
+      << none.out;
   auto bad = test::run_orchard({"plan", "device_batch_size=3"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.err.find("total_batch_size must be divisible"), std::string::npos)
+  EXPECT_NE(
+      bad.err.find("total_batch_size must be divisible"), std::string::npos)
       << bad.err;
 }
 
@@ -460,12 +476,20 @@ TEST(CliPlan, TableJsonAssumedMacAndErrors) {
 // calibrated error on this CPU is within 15 %; a test process is noisier).
 TEST(CliPlan, ProbeMeasuresNearThePrediction) {
   auto r = test::run_orchard(
-      {"plan", "--device", "cpu", "--probe", "depth=4", "total_batch_size=2048",
-       "memory_fraction=0.05", "--memory-gb", "8"});
+      {"plan",
+       "--device",
+       "cpu",
+       "--probe",
+       "depth=4",
+       "total_batch_size=2048",
+       "memory_fraction=0.05",
+       "--memory-gb",
+       "8"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto at = r.out.find("Probe");
   ASSERT_NE(at, std::string::npos) << r.out;
-  std::regex pct(R"(measured [0-9,]+ MB, predicted [0-9,]+ MB \(([-+][0-9.]+) %\))");
+  std::regex pct(
+      R"(measured [0-9,]+ MB, predicted [0-9,]+ MB \(([-+][0-9.]+) %\))");
   int found = 0;
   std::string probe = r.out.substr(at);
   for (std::sregex_iterator m(probe.begin(), probe.end(), pct), end; m != end;

@@ -231,8 +231,8 @@ TEST(Gpt, GradientCheckpointingGivesTheSameGradients) {
     for (size_t i = 0; i < a.size(); ++i) {
       ASSERT_TRUE(b[i].value().grad().defined()) << a[i].key();
       double tol = bf16 ? 1e-6 : 1e-12;
-      EXPECT_TRUE(torch::allclose(
-          a[i].value().grad(), b[i].value().grad(), tol, tol))
+      EXPECT_TRUE(
+          torch::allclose(a[i].value().grad(), b[i].value().grad(), tol, tol))
           << a[i].key() << " bf16 " << bf16;
     }
   }

@@ -1,8 +1,8 @@
 // The memory planner: the weights term against the real model's parameter
 // count, choices on simulated 16-128 GB Macs (monotone, within budget),
 // checkpointing when nothing fits without it, and the no-fit message.
-#include "core/device.h"
 #include "train/memory_plan.h"
+#include "core/device.h"
 
 #include <gtest/gtest.h>
 
@@ -48,7 +48,8 @@ TEST(MemoryPlan, ChoicesOnSimulatedMacsAreMonotoneAndFit) {
   for (int gb : {16, 32, 64, 128}) {
     DeviceInfo d = resolve_device("auto", simulated_machine("mps", gb));
     MemoryBudget b = memory_budget(d);
-    EXPECT_NEAR(double(b.bytes), double(gb) * kGiB * 0.65 * 0.8, 2.0); // two roundings
+    EXPECT_NEAR(
+        double(b.bytes), double(gb) * kGiB * 0.65 * 0.8, 2.0); // two roundings
     BatchPlan plan = plan_batch(pm, s, 16384, b);
     ASSERT_TRUE(plan.choice) << gb << " GB: " << plan.why;
     EXPECT_LE(plan.choice->estimate.total(), double(b.bytes)) << gb;

@@ -151,7 +151,8 @@ namespace {
 TEST(AutocastCuda, GuardSwitchesCudaMatmuls) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device";
-  auto a = torch::randn({8, 8}, torch::kCUDA), b = torch::randn({8, 8}, torch::kCUDA);
+  auto a = torch::randn({8, 8}, torch::kCUDA),
+       b = torch::randn({8, 8}, torch::kCUDA);
   for (auto dt : {torch::kBFloat16, torch::kFloat16}) {
     compat::AutocastGuard g(torch::kCUDA, dt);
     EXPECT_EQ(torch::matmul(a, b).scalar_type(), dt);

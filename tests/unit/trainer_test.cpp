@@ -234,14 +234,18 @@ namespace {
 // a run that used the small micro-batch from the start.
 TEST(Trainer, OutOfMemoryHalvesTheMicroBatchAndRedoesTheStep) {
   test::TempDir dir;
-  auto run = [&](const std::string& name, int64_t rows, int64_t limit,
-                 Regression& r, std::string resume = "auto") {
+  auto run = [&](const std::string& name,
+                 int64_t rows,
+                 int64_t limit,
+                 Regression& r,
+                 std::string resume = "auto") {
     r.rows = rows;
     auto task = r.task();
     auto inner = task.micro_step;
     task.micro_step = [&r, inner, limit] {
       TORCH_CHECK_WITH(
-          OutOfMemoryError, r.rows <= limit,
+          OutOfMemoryError,
+          r.rows <= limit,
           "CUDA out of memory. Tried to allocate 2.00 GiB (injected)");
       return inner();
     };
@@ -259,18 +263,24 @@ TEST(Trainer, OutOfMemoryHalvesTheMicroBatchAndRedoesTheStep) {
   run("small", 4, 100, small);
   auto res = run("big", 16, 4, big);
   EXPECT_EQ(res.micro_batch, 4);
-  EXPECT_TRUE(torch::allclose(big.model->weight, small.model->weight, 1e-6, 1e-7))
+  EXPECT_TRUE(
+      torch::allclose(big.model->weight, small.model->weight, 1e-6, 1e-7))
       << big.model->weight << small.model->weight;
   std::string log = test::read_text(dir.file("big/train.log"));
-  EXPECT_NE(log.find("Out of memory at step 1 with device_batch_size=16: "
-                     "halved to 8"), std::string::npos) << log;
-  EXPECT_NE(log.find("halved to 4, gradient accumulation now 4"),
-            std::string::npos) << log;
+  EXPECT_NE(
+      log.find("Out of memory at step 1 with device_batch_size=16: "
+               "halved to 8"),
+      std::string::npos)
+      << log;
+  EXPECT_NE(
+      log.find("halved to 4, gradient accumulation now 4"), std::string::npos)
+      << log;
   // A resume of that run (from step 4) continues with 4 rows, not 16.
   Regression again;
   auto r2 = run("again", 16, 4, again, dir.file("big/checkpoints/step_000004"));
   EXPECT_EQ(r2.micro_batch, 4);
-  EXPECT_TRUE(torch::allclose(again.model->weight, small.model->weight, 1e-6, 1e-7));
+  EXPECT_TRUE(
+      torch::allclose(again.model->weight, small.model->weight, 1e-6, 1e-7));
   std::string log2 = test::read_text(dir.file("again/train.log"));
   EXPECT_NE(log2.find("Continuing with device_batch_size=4"), std::string::npos)
       << log2;
