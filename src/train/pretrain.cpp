@@ -361,6 +361,8 @@ PretrainResult run_pretraining(
       .resume = cfg.resume};
   Trainer trainer(to, task, optimizers, log);
   const int64_t start = trainer.resume();
+  const int64_t micro = trainer.micro_batch(),
+                steps_accum = trainer.grad_accum();
   if (start < total) {
     log("Data: " + data.description + "; tokenizer " + data.tokenizer_dir +
         " (" + std::to_string(tok.vocab_size()) + " tokens)");
@@ -372,10 +374,10 @@ PretrainResult run_pretraining(
     if (!plan_line.empty())
       log(plan_line);
     log("Optimizer: " + optimizers.describe());
-    log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
+    log("Batch: " + std::to_string(micro) + " x " + std::to_string(T) +
         " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
         (mc.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +
-        std::to_string(accum) + " accumulation step(s), " +
+        std::to_string(steps_accum) + " accumulation step(s), " +
         std::to_string(cfg.total_batch_size) + " tokens per step; " +
         std::to_string(total) + " steps (" +
         fmt("%.2f",

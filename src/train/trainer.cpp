@@ -161,23 +161,30 @@ int64_t Trainer::resume() {
   }
   optimizers_.load(ckpt->optimizer);
   load_rng_state(ckpt->optimizer, opt_.device);
-  // The data position is in units of the micro-batch the run had; a run
-  // that halved it after running out of memory continues with its size.
-  if (ckpt->state.contains("micro_batch") && task_.set_micro_batch) {
-    const int64_t saved = ckpt->state.at("micro_batch").get<int64_t>();
-    const int64_t rows = opt_.micro_batch * opt_.grad_accum;
-    if (saved != opt_.micro_batch && saved > 0 && rows % saved == 0) {
-      log_(
-          "Continuing with device_batch_size=" + std::to_string(saved) +
-          " as the checkpoint's run did (it was " +
-          std::to_string(opt_.micro_batch) + " here).");
-      task_.set_micro_batch(saved);
-      opt_.micro_batch = saved;
-      opt_.grad_accum = rows / saved;
-    }
-  }
+  // The data position is in units of the checkpoint's micro-batch (it may
+  // differ from this run's: halved after running out of memory, or set
+  // differently by hand). Restore in its units, then continue with it when
+  // it still divides the step, else convert to this run's size.
+  const int64_t rows = opt_.micro_batch * opt_.grad_accum;
+  const int64_t saved = ckpt->state.contains("micro_batch")
+      ? ckpt->state.at("micro_batch").get<int64_t>()
+      : opt_.micro_batch;
+  const bool other_size =
+      saved != opt_.micro_batch && saved > 0 && task_.set_micro_batch;
+  if (other_size)
+    task_.set_micro_batch(saved);
   if (task_.restore_data && ckpt->state.contains("loader"))
     task_.restore_data(ckpt->state.at("loader"));
+  if (other_size && rows % saved == 0) {
+    log_(
+        "Continuing with device_batch_size=" + std::to_string(saved) +
+        " as the checkpoint's run did (it was " +
+        std::to_string(opt_.micro_batch) + " here), so resume stays exact.");
+    opt_.micro_batch = saved;
+    opt_.grad_accum = rows / saved;
+  } else if (other_size) {
+    task_.set_micro_batch(opt_.micro_batch); // UserError if not whole
+  }
   if (ckpt->state.contains("loss_scaler"))
     scaler_.load(ckpt->state.at("loss_scaler"));
   best_val_ = number_or(ckpt->state, "best_val_loss", best_val_);
@@ -203,16 +210,17 @@ void Trainer::with_eval_weights(const std::function<void()>& fn) {
   struct Restore { // also when fn throws
     std::vector<torch::Tensor>& saved;
     std::vector<torch::Tensor>& params;
+    torch::nn::Module& model;
     ~Restore() {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < saved.size(); ++i)
         params[i].copy_(saved[i]);
+      model.train();
     }
-  } restore{saved, params};
+  } restore{saved, params, *task_.model};
   task_.model->eval();
   compat::AutocastGuard autocast(opt_.device.type(), opt_.precision.compute);
   fn();
-  task_.model->train();
 }
 
 void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
@@ -307,7 +315,16 @@ void Trainer::recover_from_oom(
   optimizers_.zero_grad();
   free_device_caches(opt_.device);
   const int64_t b = opt_.micro_batch;
-  if (b <= 1 || b % 2 != 0 || !task_.set_micro_batch) {
+  // The largest proper divisor of b: half of an even b. It divides the
+  // rows of the step and the windows already served, so the data order is
+  // kept exactly.
+  int64_t smaller = 1;
+  for (int64_t d = b / 2; d > 1; --d)
+    if (b % d == 0) {
+      smaller = d;
+      break;
+    }
+  if (b <= 1 || !task_.set_micro_batch) {
     std::string first_line = what.substr(0, what.find('\n'));
     throw UserError(
         "out of memory at step " + std::to_string(step + 1) +
@@ -320,13 +337,14 @@ void Trainer::recover_from_oom(
   }
   if (task_.restore_data && !data_at_start.is_null())
     task_.restore_data(data_at_start); // the step's first micro-batch again
-  task_.set_micro_batch(b / 2);
-  opt_.micro_batch = b / 2;
-  opt_.grad_accum *= 2;
+  task_.set_micro_batch(smaller);
+  opt_.micro_batch = smaller;
+  opt_.grad_accum *= b / smaller;
   log_(
       "Out of memory at step " + std::to_string(step + 1) +
-      " with device_batch_size=" + std::to_string(b) + ": halved to " +
-      std::to_string(b / 2) + ", gradient accumulation now " +
+      " with device_batch_size=" + std::to_string(b) + ": " +
+      (smaller * 2 == b ? "halved to " : "lowered to ") +
+      std::to_string(smaller) + ", gradient accumulation now " +
       std::to_string(opt_.grad_accum) + "; redoing the step.");
 }
 

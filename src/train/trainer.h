@@ -116,12 +116,22 @@ class Trainer {
   // Runs `fn` with the weights evaluation uses (EMA when on) in place.
   void with_eval_weights(const std::function<void()>& fn);
 
+  // The micro-batch and accumulation in use (after resume() they are the
+  // checkpoint's when it ran with another micro-batch).
+  int64_t micro_batch() const {
+    return opt_.micro_batch;
+  }
+  int64_t grad_accum() const {
+    return opt_.grad_accum;
+  }
+
  private:
   void save(int64_t step, bool complete, const EvalResult* eval);
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
-  // After an out-of-memory error in step `step`: frees the caches, halves
-  // the micro-batch and doubles accumulation (UserError when that is not
-  // possible), and rewinds the data to `data_at_start`.
+  // After an out-of-memory error in step `step`: frees the caches, lowers
+  // the micro-batch to its largest proper divisor (half, when even) and
+  // raises accumulation to match (UserError at one sequence), and rewinds
+  // the data to `data_at_start`.
   void recover_from_oom(
       int64_t step,
       const nlohmann::json& data_at_start,

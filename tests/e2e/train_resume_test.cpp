@@ -127,6 +127,30 @@ TEST(TrainResume, AdamwWithEmaResumesBitExact) {
   expect_identical(got, t.final_weights("reference"), "AdamW + EMA");
 }
 
+// Resumed with another device_batch_size, a run continues with the
+// checkpoint's (its data position is in those units) and stays bit-exact.
+TEST(TrainResume, AnotherDeviceBatchSizeOnResumeStaysExact) {
+  TinyRun t;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  EXPECT_NE(ref.out.find("Batch: 8 x 32"), std::string::npos) << ref.out;
+  pid_t pid = test::spawn_orchard(t.args("b8"), t.env, t.dir.file("b8.log"));
+  bool mid_run = wait_for_checkpoint(t.dir.file("b8"), 8, pid);
+  ::kill(pid, SIGKILL);
+  test::wait_child(pid);
+  EXPECT_TRUE(mid_run);
+  auto args = t.args("b8");
+  args.push_back("device_batch_size=4");
+  auto again = test::run_orchard(args, t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(
+      again.out.find("Continuing with device_batch_size=8"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("Batch: 8 x 32"), std::string::npos) << again.out;
+  expect_identical(
+      t.final_weights("b8"), t.final_weights("reference"), "B 4 -> 8");
+}
+
 TEST(TrainResume, SigtermSavesExitsZeroAndResumes) {
   TinyRun t;
   auto ref = test::run_orchard(t.args("reference"), t.env);

@@ -299,3 +299,47 @@ TEST(Trainer, OutOfMemoryHalvesTheMicroBatchAndRedoesTheStep) {
 
 } // namespace
 } // namespace orchard::train
+
+namespace orchard::train {
+namespace {
+
+// An odd micro-batch cannot be halved: it drops to its largest proper
+// divisor (3 -> 1) and the run still equals one made at that size.
+TEST(Trainer, OutOfMemoryAtAnOddMicroBatchLowersToADivisor) {
+  test::TempDir dir;
+  auto run = [&](const std::string& name,
+                 int64_t rows,
+                 int64_t limit,
+                 Regression& r) {
+    r.rows = rows;
+    auto task = r.task();
+    auto inner = task.micro_step;
+    task.micro_step = [&r, inner, limit] {
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, r.rows <= limit, "CUDA out of memory (injected)");
+      return inner();
+    };
+    task.set_micro_batch = [&r](int64_t b) { r.rows = b; };
+    auto o = options(dir, name);
+    o.total_steps = 2;
+    o.micro_batch = rows;
+    o.grad_accum = 12 / rows;
+    Optimizers opt(sgd_like(r, 0.05));
+    RunLog log(o.run_dir + "/train.log");
+    return Trainer(o, task, opt, log).run();
+  };
+  Regression odd, one;
+  EXPECT_EQ(run("odd", 3, 1, odd).micro_batch, 1);
+  run("one", 1, 100, one);
+  EXPECT_TRUE(
+      torch::allclose(odd.model->weight, one.model->weight, 1e-6, 1e-7));
+  std::string log = test::read_text(dir.file("odd/train.log"));
+  EXPECT_NE(
+      log.find(
+          "device_batch_size=3: lowered to 1, gradient accumulation now 12"),
+      std::string::npos)
+      << log;
+}
+
+} // namespace
+} // namespace orchard::train
