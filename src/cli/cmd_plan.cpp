@@ -4,12 +4,12 @@
 // chosen size and the next one up.
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/memory_stats.h"
 #include "core/torch_compat.h"
 #include "text/tokenizer_io.h"
 #include "train/data_cache.h"
 #include "train/memory_probe.h"
 #include "train/pretrain.h"
-#include "train/schedule.h"
 
 #include <cstdio>
 #include <memory>
@@ -54,18 +54,7 @@ Command register_plan(CLI::App& root) {
         models::GptConfig mc = models::resolve_gpt_config(cfg, vocab);
         train::Precision precision = train::resolve_precision(cfg.dtype, d);
         train::PlanSettings ps = train::plan_settings(cfg, precision, d);
-        train::grad_accum_steps( // the known message when it does not divide
-            cfg.total_batch_size,
-            cfg.device_batch_size.value_or(1),
-            cfg.max_seq_len);
-        auto plan = train::plan_batch(
-            train::plan_model_of(mc),
-            ps,
-            cfg.total_batch_size,
-            train::memory_budget(d, cfg.memory_fraction),
-            cfg.gradient_checkpointing == "auto"
-                ? std::nullopt
-                : std::optional<bool>(cfg.gradient_checkpointing == "true"));
+        auto plan = train::plan_for(cfg, mc, precision, d);
         if (st->json) {
           std::printf(
               "%s\n", train::plan_json(plan, cfg.max_seq_len).dump(2).c_str());
@@ -102,6 +91,8 @@ Command register_plan(CLI::App& root) {
                   train::format_mb(r.predicted).c_str(),
                   100.0 * (r.predicted - r.measured) / r.measured);
             } catch (const c10::Error& e) {
+              if (!is_out_of_memory(e))
+                throw;
               std::printf(
                   "  batch %lld: out of memory (%s)\n",
                   (long long)c.batch,
@@ -111,7 +102,7 @@ Command register_plan(CLI::App& root) {
             }
           }
         }
-        return plan.choice ? 0 : 1;
+        return plan.choice && plan.choice->fits ? 0 : 1;
       }};
 }
 

@@ -464,6 +464,20 @@ Origins resolve(const Schema& schema, void* cfg, const Sources& sources) {
   return origins;
 }
 
+int source_precedence(const std::string& origin) {
+  // The prefixes resolve() writes: "preset NAME (...)", "environment VAR",
+  // "command line"; anything else is a --config file's "path:line".
+  if (origin.empty() || origin == "default")
+    return 0;
+  if (origin.rfind("command line", 0) == 0)
+    return 4;
+  if (origin.rfind("environment ", 0) == 0)
+    return 3;
+  if (origin.rfind("preset ", 0) == 0)
+    return 1;
+  return 2;
+}
+
 namespace {
 // Keeps floats recognisable as floats in YAML: 1 -> 1.0.
 std::string float_text(double v) {

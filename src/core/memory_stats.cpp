@@ -71,6 +71,14 @@ MemoryReading read_memory(const c10::Device& device) {
   return r;
 }
 
+bool is_out_of_memory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e))
+    return true;
+  const std::string m = e.what_without_backtrace();
+  return m.find("out of memory") != std::string::npos ||
+      m.find("Out of memory") != std::string::npos;
+}
+
 bool reset_peak_memory(const c10::Device& device) {
   if (device.is_cuda()) {
 #if defined(ORCHARD_WITH_CUDA)

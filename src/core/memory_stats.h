@@ -8,6 +8,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <string>
@@ -24,5 +25,9 @@ MemoryReading read_memory(const c10::Device& device);
 // Starts a new peak from the current value (where the device allows it;
 // returns false where it cannot, e.g. RSS on macOS).
 bool reset_peak_memory(const c10::Device& device);
+
+// Whether a libtorch error is a device allocation failure: CUDA's and MPS's
+// allocators throw c10::OutOfMemoryError; older paths a c10::Error saying so.
+bool is_out_of_memory(const c10::Error& e);
 
 } // namespace orchard

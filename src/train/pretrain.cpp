@@ -68,19 +68,10 @@ double unigram_loss(
   return n ? nll / double(n) : 0;
 }
 
-// Later sources win: preset < --config file < environment < command line.
+// Later sources win (config::source_precedence); a value never set is 0.
 int source_rank(const config::Origins& origins, const std::string& key) {
   auto it = origins.find(key);
-  if (it == origins.end())
-    return 0;
-  const std::string& o = it->second;
-  if (o == "command line")
-    return 4;
-  if (o.rfind("environment", 0) == 0)
-    return 3;
-  if (o.rfind("preset", 0) == 0)
-    return 1;
-  return 2; // a --config file
+  return it == origins.end() ? 0 : config::source_precedence(it->second);
 }
 
 struct SplitLoss {
@@ -142,6 +133,37 @@ PlanSettings plan_settings(
   s.device = device.device.type();
   s.fused_attention = compat::has_fused_attention();
   return s;
+}
+
+BatchPlan plan_for(
+    const PretrainConfig& cfg,
+    const models::GptConfig& mc,
+    const Precision& precision,
+    const DeviceInfo& device) {
+  grad_accum_steps( // the known message when a set batch does not divide
+      cfg.total_batch_size,
+      cfg.device_batch_size.value_or(1),
+      cfg.max_seq_len);
+  const std::optional<bool> ckpt = cfg.gradient_checkpointing == "auto"
+      ? std::nullopt
+      : std::optional<bool>(cfg.gradient_checkpointing == "true");
+  BatchPlan plan = plan_batch(
+      plan_model_of(mc),
+      plan_settings(cfg, precision, device),
+      cfg.total_batch_size,
+      memory_budget(device, cfg.memory_fraction),
+      cfg.device_batch_size ? std::optional<bool>(ckpt.value_or(false)) : ckpt);
+  if (!cfg.device_batch_size)
+    return plan;
+  for (const auto& c : plan.candidates)
+    if (c.batch == *cfg.device_batch_size) {
+      plan.choice = c;
+      plan.why = "device_batch_size=" + std::to_string(c.batch) +
+          " is set; its predicted peak (" + format_mb(c.estimate.total()) +
+          (c.fits ? ") fits" : ") does NOT fit") + " the budget (" +
+          format_mb(double(plan.budget.bytes)) + ")";
+    }
+  return plan;
 }
 
 int64_t resolve_num_steps(
@@ -214,27 +236,17 @@ PretrainResult run_pretraining(
   models::GptConfig mc =
       models::resolve_gpt_config(cfg, int64_t(tok.vocab_size()));
   // The micro-batch and checkpointing: as set, or the planner's choice.
-  PlanSettings ps = plan_settings(cfg, precision, device);
-  std::string plan_line;
-  int64_t B = 0;
-  if (cfg.device_batch_size) {
-    B = *cfg.device_batch_size;
-    mc.gradient_checkpointing = cfg.gradient_checkpointing == "true";
-  } else {
-    BatchPlan plan = plan_batch(
-        plan_model_of(mc),
-        ps,
-        cfg.total_batch_size,
-        memory_budget(device, cfg.memory_fraction),
-        cfg.gradient_checkpointing == "auto"
-            ? std::nullopt
-            : std::optional<bool>(cfg.gradient_checkpointing == "true"));
-    if (!plan.choice)
-      throw UserError(plan.why + " (`orchard plan` shows the whole table.)");
-    B = plan.choice->batch;
-    mc.gradient_checkpointing = plan.choice->checkpointing;
-    plan_line = "Memory plan: " + plan.why + "; budget " + plan.budget.why;
-  }
+  BatchPlan plan = plan_for(cfg, mc, precision, device);
+  if (!plan.choice)
+    throw UserError(plan.why + " (`orchard plan` shows the whole table.)");
+  const int64_t B = plan.choice->batch;
+  mc.gradient_checkpointing = plan.choice->checkpointing;
+  const std::string plan_line =
+      std::string(plan.choice->fits ? "" : "Warning: ") +
+      "Memory plan: " + plan.why + "; budget " + plan.budget.why +
+      (plan.choice->fits ? ""
+                         : ". Training starts anyway; if it runs out of memory "
+                           "the micro-batch is lowered and the step redone.");
   const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T);
   PretrainResult result;
   result.run_dir = !cfg.run_dir.empty()
@@ -371,8 +383,7 @@ PretrainResult run_pretraining(
         std::to_string(mc.n_embd) + ", " + std::to_string(mc.n_head) +
         " heads, " + std::to_string(mc.n_kv_head) + " kv heads)");
     log("Precision: " + precision.name + " (" + precision.why + ")");
-    if (!plan_line.empty())
-      log(plan_line);
+    log(plan_line);
     log("Optimizer: " + optimizers.describe());
     log("Batch: " + std::to_string(micro) + " x " + std::to_string(T) +
         " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +

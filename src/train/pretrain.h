@@ -59,6 +59,16 @@ PlanSettings plan_settings(
     const Precision& precision,
     const DeviceInfo& device);
 
+// The micro-batch plan `orchard train` follows and `orchard plan` prints:
+// the planner's choice, or with device_batch_size set, that size and
+// whether it is predicted to fit. UserError when a set size does not
+// divide total_batch_size.
+BatchPlan plan_for(
+    const PretrainConfig& cfg,
+    const models::GptConfig& model,
+    const Precision& precision,
+    const DeviceInfo& device);
+
 PretrainResult run_pretraining(
     const PretrainConfig& cfg,
     const config::Origins& origins,

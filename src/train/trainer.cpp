@@ -25,16 +25,6 @@
 namespace orchard::train {
 namespace {
 
-// An allocation failure of the device: CUDA's and MPS's allocators throw
-// c10::OutOfMemoryError; older paths a c10::Error saying so.
-bool is_out_of_memory(const c10::Error& e) {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e))
-    return true;
-  const std::string m = e.what_without_backtrace();
-  return m.find("out of memory") != std::string::npos ||
-      m.find("Out of memory") != std::string::npos;
-}
-
 // Returns cached blocks to the device after an out-of-memory error.
 void free_device_caches(const torch::Device& device) {
 #if defined(ORCHARD_WITH_CUDA)

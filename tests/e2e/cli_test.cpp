@@ -464,6 +464,25 @@ TEST(CliPlan, TableJsonAssumedMacAndErrors) {
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_NE(none.out.find("Shorten max_seq_len"), std::string::npos)
       << none.out;
+  // A set device_batch_size is what the plan shows, with its verdict.
+  auto set =
+      test::run_orchard({"plan", "--device", "cpu", "device_batch_size=4"});
+  EXPECT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_NE(set.out.find("device_batch_size=4 is set"), std::string::npos)
+      << set.out;
+  EXPECT_NE(set.out.find(") fits the budget"), std::string::npos) << set.out;
+  auto over = test::run_orchard(
+      {"plan",
+       "--assume-device",
+       "cuda",
+       "--memory-gb",
+       "1",
+       "depth=12",
+       "max_seq_len=1024",
+       "total_batch_size=16384",
+       "device_batch_size=16"});
+  EXPECT_EQ(over.exit_code, 1);
+  EXPECT_NE(over.out.find("does NOT fit"), std::string::npos) << over.out;
   auto bad = test::run_orchard({"plan", "device_batch_size=3"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(
