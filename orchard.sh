@@ -5,8 +5,10 @@
 #   ./orchard.sh setup        install the system packages (apt or Homebrew)
 #   ./orchard.sh build        configure and build (Release) into build/
 #   ./orchard.sh test         setup + build + every test (ctest)
-#   ./orchard.sh quickstart   setup + build + doctor + train a small GPT on
-#                             WordNet (extra key=value arguments go to train)
+#   ./orchard.sh quickstart   setup + build + doctor + the quick pipeline on
+#                             WordNet: base, mid and sft training, a report
+#                             and chat samples (key=value arguments go to
+#                             `orchard pipeline`)
 #
 # Environment: ORCHARD_BUILD_DIR (default build), ORCHARD_TORCH_PREFIX (a
 # libtorch to build against; default: PyTorch's when `python3 -c 'import
@@ -41,8 +43,11 @@ python_torch_prefix() {
 DEBIAN_PACKAGES=(
   g++ cmake ninja-build pkg-config git
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
-  libgtest-dev libbenchmark-dev wordnet-base
+  libgtest-dev libbenchmark-dev wordnet-base libedit-dev
 )
+# For the tests only: the web chat page's end-to-end test drives a headless
+# Chromium.
+DEBIAN_TEST_PACKAGES=(chromium)
 # Debian's libtorch is CPU-only and uses the system BLAS: the OpenMP build of
 # OpenBLAS is required (with the reference BLAS training is ~20x slower).
 DEBIAN_TORCH_PACKAGES=(libtorch-dev libopenblas0-openmp)
@@ -51,6 +56,7 @@ BREW_PACKAGES=(cmake ninja pytorch yaml-cpp nlohmann-json cli11 cpp-httplib pcre
 
 setup_debian() {
   local wanted=("${DEBIAN_PACKAGES[@]}")
+  [ "${ORCHARD_SETUP_FOR_TESTS:-}" = "1" ] && wanted+=("${DEBIAN_TEST_PACKAGES[@]}")
   if [ -z "${ORCHARD_TORCH_PREFIX:-}$(python_torch_prefix)" ]; then
     wanted+=("${DEBIAN_TORCH_PACKAGES[@]}")
   fi
@@ -130,7 +136,7 @@ cmd_build() {
 }
 
 cmd_test() {
-  cmd_setup
+  ORCHARD_SETUP_FOR_TESTS=1 cmd_setup
   cmd_build
   say "Testing"
   (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(jobs)")
@@ -141,11 +147,11 @@ cmd_quickstart() {
   cmd_build
   say "Checking this machine (orchard doctor)"
   "$BUILD_DIR/orchard" doctor
-  # The main job: WordNet corpus -> tokenizer -> shards -> a small GPT
-  # (`orchard train` with no arguments: the quick run), then samples. Run
-  # again to resume or to see it done.
-  say "Training a small GPT on WordNet (orchard train)"
-  "$BUILD_DIR/orchard" train "$@"
+  # The main job: WordNet corpus -> tokenizer -> shards -> base -> mid -> sft
+  # -> report (`orchard pipeline` with the quick preset), then chat
+  # exchanges about held-out words. Run again to resume or to see it done.
+  say "From text to a chat model on WordNet (orchard pipeline --preset quick)"
+  "$BUILD_DIR/orchard" pipeline --preset quick "$@"
 }
 
 case "${1:-}" in

@@ -16,8 +16,11 @@ step "python safetensors fixtures"
 python3 -c 'import torch, safetensors, transformers; print("torch", torch.__version__, "safetensors", safetensors.__version__, "cuda", torch.cuda.is_available())'
 python3 $FIX/make_fixtures.py $FIX || status=1
 
-# PCRE2 (and cpp-httplib) are missing on that machine: unpack the Debian
-# packages ../shared/device/fetch-debs.sh put in .device-debs (carried).
+# PCRE2, cpp-httplib (with the OpenSSL, zlib and Brotli headers its
+# pkg-config file asks for) and libedit are missing on that machine: unpack
+# the Debian packages ../shared/device/fetch-debs.sh put in .device-debs
+# (carried): fetch-debs.sh libssl-dev zlib1g-dev libbrotli-dev libedit-dev
+# libedit2.
 if ls .device-debs/*.deb >/dev/null 2>&1; then
   D=$(mktemp -d); for f in .device-debs/*.deb; do dpkg -x "$f" "$D"; done
   export PKG_CONFIG_PATH=$D/usr/lib/x86_64-linux-gnu/pkgconfig
@@ -101,6 +104,20 @@ if [ "${ORCHARD_MEMGRID:-0}" = 1 ]; then
   BUILD_DIR=build-cuda bash bench/run_memory_grid.sh cuda > "$OUT/memory_grid_cuda.txt" 2>&1
   tail -3 "$OUT/memory_grid_cuda.txt"
   ./build-cuda/orchard plan --device cuda --preset overnight --probe 2>&1 | tail -12
+fi
+
+if [ "${ORCHARD_SERVE_BENCH:-0}" = 1 ]; then
+  step "orchard serve under load (bench/run_serve_bench.sh)"
+  # The d2 smoke model above, and a d12 (GPT-2 small's shape) trained two
+  # steps: the numbers measure serving, not the model's quality.
+  ORCHARD_HOME=$G/home ./build-cuda/orchard train --device cuda "data_paths=[src]" depth=12 \
+    max_seq_len=1024 total_batch_size=16384 num_iterations=2 eval_every=0 sample_every=0 \
+    run_dir=$G/d12 2>&1 | grep -E "Model:|Done" || status=1
+  for run in run d12; do
+    echo "--- $run"
+    BUILD_DIR=build-cuda CLIENTS="1 8 32" MAX_BATCH=32 MAX_TOKENS=128 \
+      bash bench/run_serve_bench.sh $G/$run cuda 2>&1 | tee -a "$OUT/serve_bench.txt"
+  done
 fi
 
 step "orchard doctor"

@@ -91,14 +91,19 @@ struct CliResult {
 };
 
 // Runs `orchard args...` with extra environment variables (and
-// MEMORY_SIZE/WORLD_SIZE/DEPTH... unset unless given).
+// MEMORY_SIZE/WORLD_SIZE/DEPTH... unset unless given), in `cwd` when
+// given, reading `stdin_text` as its input (else /dev/null).
 inline CliResult run_orchard(
     const std::vector<std::string>& args,
-    const std::map<std::string, std::string>& env = {}) {
+    const std::map<std::string, std::string>& env = {},
+    const std::string& cwd = "",
+    const std::optional<std::string>& stdin_text = std::nullopt) {
   TempDir tmp;
-  std::string cmd =
+  std::string cmd = cwd.empty() ? "" : "cd " + shell_quote(cwd) + " && ";
+  cmd +=
       "env -u MEMORY_SIZE -u WORLD_SIZE -u DEPTH "
       "-u DEVICE_BATCH_SIZE -u TOTAL_BATCH_SIZE -u EVAL_TOKENS "
+      "-u SPLIT_TOKENS -u MID_ITERATIONS -u SFT_ITERATIONS "
       "-u BASE_ITERATIONS -u ORCHARD_HOME";
   for (const auto& [k, v] : env)
     cmd += " " + k + "=" + shell_quote(v);
@@ -106,7 +111,12 @@ inline CliResult run_orchard(
   for (const auto& a : args)
     cmd += " " + shell_quote(a);
   std::string err_path = tmp.file("stderr");
-  cmd += " 2>" + shell_quote(err_path) + " </dev/null";
+  std::string in_path = "/dev/null";
+  if (stdin_text) {
+    in_path = tmp.file("stdin");
+    std::ofstream(in_path, std::ios::binary) << *stdin_text;
+  }
+  cmd += " 2>" + shell_quote(err_path) + " <" + shell_quote(in_path);
   CliResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   char buf[4096];
@@ -124,8 +134,9 @@ inline CliResult run_orchard(
 inline pid_t spawn_orchard(
     const std::vector<std::string>& args,
     const std::map<std::string, std::string>& env,
-    const std::string& log_path) {
-  std::string cmd;
+    const std::string& log_path,
+    const std::string& cwd = "") {
+  std::string cmd = cwd.empty() ? "" : "cd " + shell_quote(cwd) + " && ";
   for (const auto& [k, v] : env)
     cmd += k + "=" + shell_quote(v) + " ";
   cmd += "exec " + shell_quote(ORCHARD_BIN);

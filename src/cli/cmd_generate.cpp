@@ -13,18 +13,15 @@ namespace orchard::cli {
 Command register_generate(CLI::App& root) {
   struct State {
     DeviceFlags device;
-    std::string checkpoint, prompt;
+    ModelFlags model;
+    std::string prompt;
     infer::SamplingOptions sampling;
     bool interactive = false;
   };
   auto st = std::make_shared<State>();
   CLI::App* app =
       root.add_subcommand("generate", "Generate text from a trained model");
-  app->add_option(
-         "--checkpoint",
-         st->checkpoint,
-         "run folder (its newest checkpoint) or checkpoint folder")
-      ->required();
+  add_model_flags(app, st->model);
   app->add_option("--prompt", st->prompt, "text to continue");
   app->add_option(
          "--max-new-tokens", st->sampling.max_new_tokens, "tokens to generate")
@@ -59,7 +56,7 @@ Command register_generate(CLI::App& root) {
               "--temperature must be >= 0, --top-p in (0, 1] and --max-new-tokens >= 1.");
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        infer::LoadedModel loaded = infer::load_trained_model(st->checkpoint);
+        infer::LoadedModel loaded = infer::load_trained_model(model_path(st->model));
         text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
         std::printf(
             "Model: %s (step %lld)\n",

@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include "core/error.h"
+#include "train/trained_model.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -91,6 +92,32 @@ config::Sources sources_of(const ConfigFlags& flags) {
   s.config_file = flags.config_file;
   s.overrides = flags.overrides;
   return s;
+}
+
+void add_model_flags(CLI::App* app, ModelFlags& flags) {
+  app->add_option(
+      "-i,--stage",
+      flags.stage,
+      "the model of a stage: base, mid or sft (its newest run)");
+  app->add_option(
+      "--run", flags.run, "with -i: the run's name (runs/<stage>/<name>)");
+  app->add_option(
+      "--checkpoint",
+      flags.checkpoint,
+      "a run folder (its newest checkpoint) or a checkpoint folder");
+}
+
+std::string model_path(const ModelFlags& flags) {
+  if (!flags.stage.empty() && !flags.checkpoint.empty())
+    throw UserError(
+        "give either -i STAGE or --checkpoint DIR, not both.");
+  if (!flags.checkpoint.empty())
+    return flags.checkpoint;
+  if (flags.stage.empty())
+    throw UserError(
+        "which model? Give -i base|mid|sft (a stage's newest run) or "
+        "--checkpoint DIR (a run or checkpoint folder).");
+  return train::find_stage_run(flags.stage, flags.run);
 }
 
 } // namespace orchard::cli

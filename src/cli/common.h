@@ -5,6 +5,8 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/machine.h"
+#include "train/pretrain_config.h"
+#include "train/report.h"
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +37,16 @@ DeviceInfo select_device(
     const MachineFacts& machine,
     const EnvLookup& env = process_env());
 
+// Which trained model a command uses: `-i base|mid|sft [--run NAME]` (the
+// stage's run, the newest when no name is given) or `--checkpoint DIR` (a
+// run or checkpoint folder).
+struct ModelFlags {
+  std::string stage, run, checkpoint;
+};
+void add_model_flags(CLI::App* app, ModelFlags& flags);
+// The run or checkpoint folder; UserError when neither or both are given.
+std::string model_path(const ModelFlags& flags);
+
 struct ConfigFlags {
   std::string preset;
   std::string config_file;
@@ -57,6 +69,14 @@ struct Command {
   std::function<int()> run;
 };
 
+// Trains one stage (cfg.stage) with samples during and after training and
+// writes its report.md; the pipeline runs each stage through this too.
+train::StageReport run_stage(
+    const PretrainConfig& cfg,
+    const config::Origins& origins,
+    const DeviceInfo& device,
+    int final_samples = 3);
+
 Command register_doctor(CLI::App& root);
 Command register_config(CLI::App& root);
 Command register_tokenizer(CLI::App& root);
@@ -64,5 +84,8 @@ Command register_data(CLI::App& root);
 Command register_train(CLI::App& root);
 Command register_generate(CLI::App& root);
 Command register_plan(CLI::App& root);
+Command register_pipeline(CLI::App& root);
+Command register_chat(CLI::App& root);
+Command register_serve(CLI::App& root);
 
 } // namespace orchard::cli

@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
       cli::register_train(app),
       cli::register_generate(app),
       cli::register_plan(app),
+      cli::register_pipeline(app),
+      cli::register_chat(app),
+      cli::register_serve(app),
   };
   try {
     configure_cpu_threads();

@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "data/shards.h"
 #include "text/tokenizer_io.h"
-#include "train/checkpoint.h"
+#include "train/trained_model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -105,51 +105,12 @@ std::vector<int64_t> Engine::generate(
 }
 
 LoadedModel load_trained_model(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (!fs::exists(path))
-    throw UserError(
-        "checkpoint '" + path +
-        "' does not exist; give a run folder (runs/d4) or a "
-        "checkpoint folder (runs/d4/checkpoints/step_000500).");
-  std::optional<train::Checkpoint> ckpt;
-  if (fs::exists(fs::path(path) / "state.json")) {
-    ckpt = train::load_checkpoint(path);
-  } else {
-    std::vector<std::string> skipped;
-    ckpt = train::latest_checkpoint(path, &skipped);
-    for (const auto& s : skipped)
-      std::fprintf(stderr, "Warning: %s\n", s.c_str());
-    if (!ckpt)
-      throw UserError(
-          "'" + path + "' holds no checkpoint; train first (`orchard train`).");
-  }
-  const auto& m = ckpt->state.at("model");
-  models::GptConfig c;
-  c.vocab_size = m.at("vocab_size");
-  c.n_layer = m.at("n_layer");
-  c.n_embd = m.at("n_embd");
-  c.n_head = m.at("n_head");
-  c.n_kv_head = m.at("n_kv_head");
-  c.max_seq_len = m.at("max_seq_len");
+  train::TrainedModel t = train::load_trained(path);
   LoadedModel out;
-  out.model = models::Gpt(c);
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& named : out.model->named_parameters()) {
-      auto it = ckpt->model.find("ema." + named.key());
-      if (it == ckpt->model.end())
-        it = ckpt->model.find(named.key());
-      if (it == ckpt->model.end() ||
-          it->second.sizes() != named.value().sizes())
-        throw UserError(
-            "checkpoint " + ckpt->dir + " lacks '" + named.key() +
-            "' or has it in another shape.");
-      named.value().copy_(it->second);
-    }
-  }
-  out.tokenizer_dir = ckpt->state.value("tokenizer", "");
-  out.checkpoint_dir = ckpt->dir;
-  out.step = ckpt->step;
+  out.model = t.model;
+  out.tokenizer_dir = t.tokenizer_dir;
+  out.checkpoint_dir = t.checkpoint_dir;
+  out.step = t.step;
   return out;
 }
 

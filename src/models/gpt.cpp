@@ -113,6 +113,50 @@ torch::Tensor CausalSelfAttentionImpl::forward(
   return c_proj(y);
 }
 
+torch::Tensor CausalSelfAttentionImpl::decode(
+    const torch::Tensor& x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin,
+    torch::Tensor& cache_k,
+    torch::Tensor& cache_v,
+    const torch::Tensor& pos,
+    const torch::Tensor& visible) {
+  const int64_t B = x.size(0);
+  auto q = c_q(x).view({B, 1, n_head, head_dim});
+  auto k = c_k(x).view({B, 1, n_kv_head, head_dim});
+  auto v = c_v(x).view({B, 1, n_kv_head, head_dim});
+  // Rotary tables per row: (B, D/2) -> (B, 1, 1, D/2).
+  auto rotate = [&](const torch::Tensor& t) {
+    const int64_t d = t.size(-1) / 2;
+    auto c = cos.view({B, 1, 1, d}).to(t.scalar_type());
+    auto s = sin.view({B, 1, 1, d}).to(t.scalar_type());
+    auto t1 = t.narrow(-1, 0, d), t2 = t.narrow(-1, d, d);
+    return torch::cat({t1 * c + t2 * s, t2 * c - t1 * s}, -1);
+  };
+  q = rms_norm(rotate(q)).transpose(1, 2); // (B, H, 1, D)
+  k = rms_norm(rotate(k));                 // (B, 1, Hkv, D)
+  using torch::indexing::Slice;
+  auto rows = torch::arange(B, pos.options());
+  cache_k.index_put_(
+      {rows, Slice(), pos},
+      k.view({B, n_kv_head, head_dim}).to(cache_k.dtype()));
+  cache_v.index_put_(
+      {rows, Slice(), pos},
+      v.view({B, n_kv_head, head_dim}).to(cache_v.dtype()));
+  auto keys = cache_k, values = cache_v;
+  if (n_kv_head != n_head) {
+    keys = keys.repeat_interleave(n_head / n_kv_head, 1);
+    values = values.repeat_interleave(n_head / n_kv_head, 1);
+  }
+  auto scores = torch::matmul(q, keys.transpose(-2, -1).to(q.dtype())) /
+      std::sqrt(double(head_dim)); // (B, H, 1, Tmax)
+  scores = scores.masked_fill(
+      visible.logical_not(), -std::numeric_limits<float>::infinity());
+  auto y = torch::matmul(torch::softmax(scores, -1), values.to(q.dtype()));
+  y = y.transpose(1, 2).contiguous().view({B, 1, n_head * head_dim});
+  return c_proj(y);
+}
+
 MlpImpl::MlpImpl(const GptConfig& c) {
   c_fc = register_module(
       "c_fc",
@@ -243,6 +287,32 @@ torch::Tensor GptImpl::loss(
       logits.view({-1, logits.size(-1)}),
       targets.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+torch::Tensor GptImpl::decode_batch(
+    const torch::Tensor& idx,
+    const torch::Tensor& pos,
+    BatchKvCache& cache) {
+  const int64_t B = idx.size(0), Tmax = config.max_seq_len;
+  if (cache.k.empty())
+    throw std::invalid_argument("[decode_batch] empty cache");
+  auto cos = rope_cos.index_select(0, pos), sin = rope_sin.index_select(0, pos);
+  auto visible =
+      (torch::arange(Tmax, pos.options()).view({1, Tmax}) <= pos.view({B, 1}))
+          .view({B, 1, 1, Tmax});
+  auto x = rms_norm(wte(idx.view({B, 1}))); // (B, 1, C)
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    auto* block = blocks[i]->as<BlockImpl>();
+    x = x +
+        block->attn->decode(
+            rms_norm(x), cos, sin, cache.k[i], cache.v[i], pos, visible);
+    x = x + block->mlp(rms_norm(x));
+  }
+  auto logits = lm_head(rms_norm(x)).view({B, -1});
+  auto compute = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                         : torch::kFloat32;
+  logits = logits.to(compute);
+  return config.softcap * torch::tanh(logits / config.softcap);
 }
 
 } // namespace orchard::models

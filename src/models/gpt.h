@@ -62,6 +62,18 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
       const torch::Tensor& sin,
       torch::Tensor* cache_k,
       torch::Tensor* cache_v);
+  // One new token per row at its own position (batched decoding): x
+  // (B, 1, C), cos/sin (B, D/2); the row's keys and values are written
+  // into cache_k/cache_v (B, Hkv, Tmax, D) at `pos` (B), and attention
+  // reads positions 0..pos of each row (`visible`: (B, 1, 1, Tmax)).
+  torch::Tensor decode(
+      const torch::Tensor& x,
+      const torch::Tensor& cos,
+      const torch::Tensor& sin,
+      torch::Tensor& cache_k,
+      torch::Tensor& cache_v,
+      const torch::Tensor& pos,
+      const torch::Tensor& visible);
   int64_t n_head, n_kv_head, head_dim;
   torch::nn::Linear c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
 };
@@ -87,12 +99,28 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The keys and values of a batch of sequences at different lengths, one
+// row each, in fixed-size tensors (B, Hkv, max_seq_len, D) per layer.
+struct BatchKvCache {
+  std::vector<torch::Tensor> k, v;
+  int64_t rows() const {
+    return k.empty() ? 0 : k[0].size(0);
+  }
+};
+
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c);
 
   // Logits (B, T, V) in float32, soft-capped. With a cache, `idx` holds the
   // positions after the cached ones and the cache is extended.
   torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr);
+  // Batched decoding: logits (B, V) of the token `idx` (B) at position
+  // `pos` (B) of each row, whose earlier keys and values are in `cache`
+  // (extended in place). Equals forward() with a KvCache row by row.
+  torch::Tensor decode_batch(
+      const torch::Tensor& idx,
+      const torch::Tensor& pos,
+      BatchKvCache& cache);
   // Mean cross-entropy over targets != -1 (ignored positions).
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
 

@@ -233,4 +233,54 @@ Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
   return std::move(b.out);
 }
 
+std::vector<TokenId> ChatTemplate::generation_prompt(
+    const std::vector<Message>& messages) const {
+  if (messages.empty() || messages.back().role == "assistant")
+    throw UserError(
+        "a reply needs a conversation that ends with a user (or system) "
+        "message.");
+  Builder b{tok_, render(messages)};
+  switch (family_) {
+    case ChatFamily::Orchard:
+      b.token(special("<|assistant_start|>"), 0);
+      break;
+    case ChatFamily::Llama3:
+      b.token(special("<|start_header_id|>"), 0);
+      b.text("assistant", 0);
+      b.token(special("<|end_header_id|>"), 0);
+      b.text("\n\n", 0);
+      break;
+    case ChatFamily::ChatML:
+      b.token(special("<|im_start|>"), 0);
+      b.text("assistant\n", 0);
+      break;
+    case ChatFamily::Mistral:
+      break; // the prompt ends with [/INST]
+  }
+  return b.out.ids;
+}
+
+std::vector<TokenId> ChatTemplate::stop_tokens() const {
+  std::vector<std::string> names;
+  switch (family_) {
+    case ChatFamily::Orchard:
+      names = {"<|assistant_end|>", "<|bos|>"};
+      break;
+    case ChatFamily::Llama3:
+      names = {"<|eot_id|>", "<|end_of_text|>"};
+      break;
+    case ChatFamily::ChatML:
+      names = {"<|im_end|>", "<|endoftext|>"};
+      break;
+    case ChatFamily::Mistral:
+      names = {"</s>"};
+      break;
+  }
+  std::vector<TokenId> out;
+  for (const auto& n : names)
+    if (auto id = tok_.special_id(n))
+      out.push_back(*id);
+  return out;
+}
+
 } // namespace orchard::text

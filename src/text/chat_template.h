@@ -54,6 +54,13 @@ class ChatTemplate {
   ChatTemplate(ChatFamily family, const Tokenizer& tok);
   // UserError for an unknown role or an empty conversation.
   Rendered render(const std::vector<Message>& messages) const;
+  // The ids a model continues to write the assistant's reply: the
+  // conversation (ending with a user or system message) and the opening of
+  // an assistant turn. UserError when the last message is the assistant's.
+  std::vector<TokenId> generation_prompt(
+      const std::vector<Message>& messages) const;
+  // Tokens that end the assistant's turn (generation stops at them).
+  std::vector<TokenId> stop_tokens() const;
   ChatFamily family() const {
     return family_;
   }

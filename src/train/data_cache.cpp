@@ -30,17 +30,6 @@ bool shards_intact(const std::vector<std::string>& paths) {
   return true;
 }
 
-std::string fnv_hex(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
-  return buf;
-}
-
 // Trains a tokenizer on `inputs` into `dir` unless one is there.
 void ensure_tokenizer(
     const std::vector<std::string>& inputs,
@@ -70,6 +59,17 @@ void ensure_tokenizer(
 
 } // namespace
 
+std::string cache_key(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
 PreparedData prepare_pretraining_data(
     const PretrainConfig& cfg,
     const std::function<void(const std::string&)>& say) {
@@ -95,7 +95,7 @@ PreparedData prepare_pretraining_data(
     std::string key;
     for (const auto& p : cfg.data_paths)
       key += fs::absolute(p).string() + "\n";
-    std::string prepared = home + "/prepared/" + fnv_hex(key + cfg.tokenizer);
+    std::string prepared = home + "/prepared/" + cache_key(key + cfg.tokenizer);
     train_inputs = cfg.data_paths;
     d.tokenizer_dir =
         cfg.tokenizer.empty() ? prepared + "/tokenizer" : cfg.tokenizer;

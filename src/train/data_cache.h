@@ -25,6 +25,9 @@ struct PreparedData {
 // Vocabulary of tokenizers Orchard trains for pretraining data.
 constexpr size_t kDefaultVocabSize = 8192;
 
+// 16 hex digits naming a cache folder for `s` (FNV-1a).
+std::string cache_key(const std::string& s);
+
 PreparedData prepare_pretraining_data(
     const PretrainConfig& cfg,
     const std::function<void(const std::string&)>& say);

@@ -3,12 +3,15 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "data/loader.h"
+#include "data/text_prep.h"
 #include "text/tokenizer_io.h"
 #include "train/data_cache.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 #include "train/schedule.h"
+#include "train/stage_data.h"
+#include "train/trained_model.h"
 #include "train/trainer.h"
 
 #include <cmath>
@@ -22,6 +25,8 @@ namespace fs = std::filesystem;
 // Learning rates of the matrices when `lr` is auto.
 constexpr double kAdamwMatrixLr = 3e-3;
 constexpr double kMuonMatrixLr = 0.02; // nanochat's and modded-nanogpt's
+// sft fine-tunes a model that already speaks the format: gentler steps.
+constexpr double kSftLrScale = 0.2;
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -74,6 +79,21 @@ int source_rank(const config::Origins& origins, const std::string& key) {
   return it == origins.end() ? 0 : config::source_precedence(it->second);
 }
 
+// The loss of every target token (float64), for exact sums over many
+// batches.
+torch::Tensor token_losses(
+    models::Gpt& model,
+    const torch::Tensor& x,
+    const torch::Tensor& y) {
+  auto logits = model->forward(x);
+  return torch::nn::functional::cross_entropy(
+             logits.view({-1, logits.size(-1)}).to(torch::kFloat32),
+             y,
+             torch::nn::functional::CrossEntropyFuncOptions().reduction(
+                 torch::kNone))
+      .to(torch::kFloat64);
+}
+
 struct SplitLoss {
   double loss = 0, bpb = 0;
 };
@@ -100,13 +120,7 @@ SplitLoss split_loss(
   for (int64_t s = 0; s < steps; ++s) {
     auto b = loader.next();
     auto x = b.x.to(dev), y = b.y.to(dev).view({-1});
-    auto logits = model->forward(x);
-    auto loss = torch::nn::functional::cross_entropy(
-                    logits.view({-1, logits.size(-1)}).to(torch::kFloat32),
-                    y,
-                    torch::nn::functional::CrossEntropyFuncOptions().reduction(
-                        torch::kNone))
-                    .to(torch::kFloat64);
+    auto loss = token_losses(model, x, y);
     auto nb = byte_counts.index_select(0, y);
     nats += (loss * (nb > 0)).sum();
     bytes += nb.sum();
@@ -117,6 +131,40 @@ SplitLoss split_loss(
   return {
       total.item<double>() / double(count),
       b > 0 ? nats.item<double>() / (std::log(2.0) * b) : 0.0};
+}
+
+// Mean loss over the answer tokens of up to `tokens` tokens of held-out
+// conversations, read in order from the start.
+double answer_loss(
+    models::Gpt& model,
+    const data::ChatFile& file,
+    int64_t batch,
+    int64_t seq_len,
+    bool pack,
+    uint32_t pad_id,
+    int64_t tokens,
+    const torch::Device& dev) {
+  data::ChatBatcher loader(file, batch, seq_len, pack, pad_id, false, 0);
+  torch::Tensor nats = torch::zeros({}, torch::kFloat64).to(dev),
+                count = torch::zeros({}, torch::kFloat64).to(dev);
+  int64_t seen = 0;
+  do {
+    auto b = loader.next();
+    if (loader.state().epoch > 0)
+      break; // wrapped: every conversation was read
+    auto x = b.x.to(dev), y = b.y.to(dev).view({-1});
+    auto m = b.loss_mask.to(dev).view({-1}).to(torch::kFloat64);
+    auto loss = token_losses(model, x, y);
+    nats += (loss * m).sum();
+    count += m.sum();
+    seen += batch * seq_len;
+  } while (seen < tokens);
+  const double n = count.item<double>();
+  if (n == 0)
+    throw UserError(
+        "the held-out conversations in " + file.path() +
+        " have no answer tokens to evaluate; check the chat data.");
+  return nats.item<double>() / n;
 }
 
 } // namespace
@@ -215,13 +263,14 @@ int64_t resolve_num_steps(
           epochs * double(windows_per_epoch) / double(sequences_per_step))));
 }
 
-PretrainResult run_pretraining(
+TrainResult run_training(
     const PretrainConfig& cfg,
     const config::Origins& origins,
     const DeviceInfo& device,
     const SampleHook& sample) {
   const torch::Device dev = device.device;
   const Precision precision = resolve_precision(cfg.dtype, device);
+  const bool base = cfg.stage == "base", sft = cfg.stage == "sft";
   // Batch arithmetic first: a batch that does not divide fails before any
   // data is prepared (with auto, one sequence must divide).
   const int64_t T = cfg.max_seq_len;
@@ -230,11 +279,74 @@ PretrainResult run_pretraining(
     std::printf("%s\n", s.c_str());
     std::fflush(stdout);
   };
-  PreparedData data = prepare_pretraining_data(cfg, say_early);
-  text::Tokenizer tok = text::load_tokenizer(data.tokenizer_dir);
+  TrainResult result;
+  result.stage = cfg.stage;
 
-  models::GptConfig mc =
-      models::resolve_gpt_config(cfg, int64_t(tok.vocab_size()));
+  // The model to start from (mid, sft): init, or the previous stage's run
+  // of the same name.
+  std::optional<TrainedModel> init;
+  if (!base) {
+    const std::string name = !cfg.run.empty()
+        ? cfg.run
+        : "d" + std::to_string(cfg.arch.n_layer.value_or(cfg.depth));
+    const std::string from = cfg.init != "auto"
+        ? cfg.init
+        : stage_run_dir(previous_stage(cfg.stage), name);
+    if (cfg.init == "auto" && list_checkpoints(from).empty())
+      throw UserError(
+          "stage=" + cfg.stage + " starts from " + from +
+          ", which holds no checkpoint: train stage=" +
+          previous_stage(cfg.stage) +
+          " first (or run `orchard pipeline`), "
+          "or name a run or checkpoint folder with init=PATH.");
+    init = load_trained(from, /*prefer_ema=*/true);
+    result.init_dir = init->checkpoint_dir;
+  }
+
+  // Data: text shards (base), conversations mixed with text (mid), or
+  // conversations (sft).
+  std::vector<std::string> train_shards, val_shards;
+  std::shared_ptr<data::ChatFile> chat_train, chat_val;
+  if (base) {
+    PreparedData data = prepare_pretraining_data(cfg, say_early);
+    result.tokenizer_dir = data.tokenizer_dir;
+    result.data_description = data.description;
+    train_shards = data.train_shards;
+    val_shards = data.val_shards;
+  } else {
+    result.tokenizer_dir = init->tokenizer_dir;
+    ChatData chats = prepare_chat_data(cfg, result.tokenizer_dir, say_early);
+    result.chat_val = chats.val;
+    if (sft) {
+      chat_train =
+          std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
+      chat_val =
+          std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
+      result.data_description = chats.description + "; " +
+          std::to_string(chat_train->size()) + " conversations, " +
+          std::to_string(chat_val->size()) + " held out; loss on answers";
+    } else {
+      PretrainConfig text_cfg = cfg;
+      text_cfg.tokenizer = result.tokenizer_dir;
+      PreparedData text = prepare_pretraining_data(text_cfg, say_early);
+      MidData mid = prepare_mid_data(cfg, chats, text, say_early);
+      train_shards = mid.train_shards;
+      val_shards = mid.val_shards;
+      result.data_description = chats.description + ", mixed with " +
+          text.description + " (" + fmt("%.0f", cfg.mid_text_ratio * 100) +
+          " % of the tokens)";
+    }
+  }
+  result.val_shards = val_shards;
+  text::Tokenizer tok = text::load_tokenizer(result.tokenizer_dir);
+
+  models::GptConfig mc;
+  if (base) {
+    mc = models::resolve_gpt_config(cfg, int64_t(tok.vocab_size()));
+  } else {
+    mc = init->config;
+    mc.max_seq_len = T;
+  }
   // The micro-batch and checkpointing: as set, or the planner's choice.
   BatchPlan plan = plan_for(cfg, mc, precision, device);
   if (!plan.choice)
@@ -248,29 +360,63 @@ PretrainResult run_pretraining(
                          : ". Training starts anyway; if it runs out of memory "
                            "the micro-batch is lowered and the step redone.");
   const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T);
-  PretrainResult result;
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir
-      : "runs/" + (cfg.run.empty() ? mc.tag() : cfg.run);
-  result.val_shards = data.val_shards;
+      : stage_run_dir(cfg.stage, cfg.run.empty() ? mc.tag() : cfg.run);
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
 
   torch::manual_seed(cfg.seed);
   models::Gpt model(mc);
+  if (init) {
+    torch::NoGradGuard no_grad;
+    auto from = init->model->named_parameters();
+    for (auto& p : model->named_parameters())
+      p.value().copy_(from[p.key()]);
+    init.reset(); // the weights now live in `model`
+  }
   model->to(dev);
-  auto train_loader = std::make_shared<data::TokenLoader>(
-      data.train_shards, B, T, /*shuffle=*/true, uint64_t(cfg.seed));
-  const int64_t total = resolve_num_steps(
-      cfg, origins, int64_t(train_loader->steps_per_epoch()) * B, B * accum);
+
+  // Sequences in one pass over the training data (for epochs), and the
+  // rows evaluation reads at once.
+  std::shared_ptr<data::TokenLoader> train_loader;
+  std::shared_ptr<data::ChatBatcher> chat_loader;
+  int64_t windows_per_epoch = 0, eval_batch = B;
+  const uint32_t pad_id = data::bos_id(tok);
+  if (sft) {
+    chat_loader = std::make_shared<data::ChatBatcher>(
+        *chat_train, B, T, cfg.pack, pad_id, true, uint64_t(cfg.seed));
+    windows_per_epoch = cfg.pack
+        ? std::max<int64_t>(1, int64_t(chat_train->total_tokens()) / (T + 1))
+        : int64_t(chat_train->size());
+  } else {
+    train_loader = std::make_shared<data::TokenLoader>(
+        train_shards, B, T, /*shuffle=*/true, uint64_t(cfg.seed));
+    windows_per_epoch = int64_t(train_loader->steps_per_epoch()) * B;
+    // Fewer rows when the validation split is small. Checked now, not
+    // after training.
+    eval_batch = std::min<int64_t>(
+        B, int64_t(data::TokenLoader::count_windows(val_shards, T)));
+    if (eval_batch < 1)
+      throw UserError(
+          "the validation split holds fewer than max_seq_len + 1 = " +
+          std::to_string(T + 1) +
+          " tokens; give more text or a shorter max_seq_len.");
+  }
+  const int64_t total =
+      resolve_num_steps(cfg, origins, windows_per_epoch, B * accum);
   result.total = total;
 
   PretrainConfig resolved = cfg;
   resolved.device_batch_size = B;
   const bool muon = cfg.optimizer == "muon";
+  resolved.lr_scale = cfg.lr_scale.value_or(sft ? kSftLrScale : 1.0);
+  const double scale = *resolved.lr_scale;
   resolved.lr = cfg.lr.value_or(muon ? kMuonMatrixLr : kAdamwMatrixLr);
   if (!cfg.num_iterations && !cfg.epochs && !cfg.target_tokens)
     resolved.num_iterations = total; // what auto (one epoch) came to
+  if (!base)
+    resolved.init = result.init_dir;
   config::write_yaml(
       result.run_dir + "/config.yaml", pretrain_schema(), &resolved, origins);
 
@@ -280,68 +426,84 @@ PretrainResult run_pretraining(
     if (p.key().rfind("blocks.", 0) == 0)
       matrices.push_back({p.key(), p.value()});
   std::vector<ParamGroup> groups = {
-      {"matrices", matrices, *resolved.lr, cfg.weight_decay, muon},
+      {"matrices", matrices, *resolved.lr * scale, cfg.weight_decay, muon},
       {"embedding",
        {{"wte.weight", model->wte->weight}},
-       cfg.embedding_lr,
+       cfg.embedding_lr * scale,
        0.0},
       {"lm_head",
        {{"lm_head.weight", model->lm_head->weight}},
-       cfg.unembedding_lr,
+       cfg.unembedding_lr * scale,
        0.0}};
   OptimizerOptions oo;
   oo.newton_schulz_dtype = precision.compute == torch::kBFloat16
       ? torch::kBFloat16
       : torch::kFloat32;
   Optimizers optimizers(std::move(groups), oo);
-
-  // Evaluation batches: the micro-batch, or fewer rows when the validation
-  // split is small. Checked now, not after training.
-  const int64_t eval_batch = std::min<int64_t>(
-      B, int64_t(data::TokenLoader::count_windows(data.val_shards, T)));
-  if (eval_batch < 1)
-    throw UserError(
-        "the validation split holds fewer than max_seq_len + 1 = " +
-        std::to_string(T + 1) +
-        " tokens; give more text or a shorter max_seq_len.");
   auto byte_counts = token_byte_counts(tok, mc.vocab_size).to(dev);
 
   TrainingTask task;
   task.model = model.ptr();
-  task.micro_step = [&, train_loader] {
-    auto b = train_loader->next();
-    return model->loss(b.x.to(dev), b.y.to(dev));
-  };
-  task.evaluate = [&] {
-    SplitLoss s = split_loss(
-        model,
-        data.val_shards,
-        eval_batch,
-        T,
-        cfg.eval_tokens,
-        byte_counts,
-        dev);
-    return EvalResult{
-        s.loss,
-        {{"val_bpb", s.bpb}},
-        "val loss " + fmt("%.4f", s.loss) + ", " + fmt("%.4f", s.bpb) +
-            " bits per byte"};
-  };
+  if (sft) {
+    task.micro_step = [&, chat_loader] {
+      auto b = chat_loader->next();
+      auto y = torch::where(b.loss_mask > 0, b.y, torch::full_like(b.y, -1));
+      return model->loss(b.x.to(dev), y.to(dev));
+    };
+    task.evaluate = [&] {
+      double loss = answer_loss(
+          model,
+          *chat_val,
+          eval_batch,
+          T,
+          cfg.pack,
+          pad_id,
+          cfg.eval_tokens,
+          dev);
+      return EvalResult{
+          loss, {}, "val loss on held-out answers " + fmt("%.4f", loss)};
+    };
+    task.data_state = [chat_loader] {
+      auto s = chat_loader->state();
+      return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+    };
+    task.restore_data = [chat_loader](const nlohmann::json& j) {
+      chat_loader->restore(
+          {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
+    };
+    // No set_micro_batch: packed rows depend on the batch from the start of
+    // the epoch, so an out-of-memory error saves and stops with advice.
+  } else {
+    task.micro_step = [&, train_loader] {
+      auto b = train_loader->next();
+      return model->loss(b.x.to(dev), b.y.to(dev));
+    };
+    task.evaluate = [&] {
+      SplitLoss s = split_loss(
+          model, val_shards, eval_batch, T, cfg.eval_tokens, byte_counts, dev);
+      return EvalResult{
+          s.loss,
+          {{"val_bpb", s.bpb}},
+          "val loss " + fmt("%.4f", s.loss) + ", " + fmt("%.4f", s.bpb) +
+              " bits per byte"};
+    };
+    task.data_state = [train_loader] {
+      auto s = train_loader->state();
+      return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+    };
+    task.set_micro_batch = [train_loader](int64_t b) {
+      train_loader->set_batch_size(b);
+    };
+    task.restore_data = [train_loader](const nlohmann::json& j) {
+      train_loader->restore(
+          {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
+    };
+  }
+  const SampleSource sample_source{val_shards, result.chat_val};
   if (sample)
     task.sample = [&](int64_t step) {
-      sample(model, data.tokenizer_dir, data.val_shards, step);
+      sample(model, result.tokenizer_dir, sample_source, step);
     };
-  task.data_state = [train_loader] {
-    auto s = train_loader->state();
-    return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
-  };
-  task.set_micro_batch = [train_loader](int64_t b) {
-    train_loader->set_batch_size(b);
-  };
-  task.restore_data = [train_loader](const nlohmann::json& j) {
-    train_loader->restore(
-        {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
-  };
   task.describe = {
       {"model",
        {{"n_layer", mc.n_layer},
@@ -350,7 +512,10 @@ PretrainResult run_pretraining(
         {"n_kv_head", mc.n_kv_head},
         {"vocab_size", mc.vocab_size},
         {"max_seq_len", mc.max_seq_len}}},
-      {"tokenizer", data.tokenizer_dir}};
+      {"tokenizer", result.tokenizer_dir},
+      {"stage", cfg.stage}};
+  if (!base)
+    task.describe["init"] = result.init_dir;
 
   TrainerOptions to{
       .run_dir = result.run_dir,
@@ -376,15 +541,20 @@ PretrainResult run_pretraining(
   const int64_t micro = trainer.micro_batch(),
                 steps_accum = trainer.grad_accum();
   if (start < total) {
-    log("Data: " + data.description + "; tokenizer " + data.tokenizer_dir +
-        " (" + std::to_string(tok.vocab_size()) + " tokens)");
+    log("Stage: " + cfg.stage +
+        (base ? " (pretraining from scratch)"
+              : " (from " + result.init_dir + ")"));
+    log("Data: " + result.data_description + "; tokenizer " +
+        result.tokenizer_dir + " (" + std::to_string(tok.vocab_size()) +
+        " tokens)");
     log("Model: " + mc.tag() + ", " + std::to_string(model->num_parameters()) +
         " parameters (" + std::to_string(mc.n_layer) + " layers, width " +
         std::to_string(mc.n_embd) + ", " + std::to_string(mc.n_head) +
         " heads, " + std::to_string(mc.n_kv_head) + " kv heads)");
     log("Precision: " + precision.name + " (" + precision.why + ")");
     log(plan_line);
-    log("Optimizer: " + optimizers.describe());
+    log("Optimizer: " + optimizers.describe() +
+        (scale != 1.0 ? " (learning rates x " + fmt("%g", scale) + ")" : ""));
     log("Batch: " + std::to_string(micro) + " x " + std::to_string(T) +
         " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
         (mc.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +
@@ -393,47 +563,43 @@ PretrainResult run_pretraining(
         std::to_string(total) + " steps (" +
         fmt("%.2f",
             double(total * B * accum) /
-                double(
-                    std::max<size_t>(1, train_loader->steps_per_epoch()) * B)) +
+                double(std::max<int64_t>(1, windows_per_epoch))) +
         " epochs); run folder " + result.run_dir);
   }
   TrainerResult tr = trainer.run();
   result.step = tr.step;
   result.interrupted = tr.interrupted;
   result.already_done = tr.already_done;
-  if (tr.interrupted || tr.already_done) {
-    result.val_loss = tr.final_eval.loss;
-    return result;
-  }
+  result.train_seconds = tr.train_seconds;
+  result.peak_memory_bytes = tr.peak_memory_bytes;
+  result.checkpoint_dir = tr.checkpoint_dir;
   result.val_loss = tr.final_eval.loss;
+  if (tr.interrupted || tr.already_done)
+    return result;
   for (const auto& [name, v] : tr.final_eval.metrics)
     if (name == "val_bpb")
       result.val_bpb = v;
+  if (sft) {
+    log("Done: step " + std::to_string(total) +
+        ", validation loss on held-out answers " +
+        fmt("%.4f", result.val_loss) +
+        ". Final checkpoint: " + tr.checkpoint_dir);
+    return result;
+  }
 
   // The final loss on each split (nanochat's base_loss), then the baseline.
   const int64_t split_tokens = cfg.split_tokens.value_or(cfg.eval_tokens);
   trainer.with_eval_weights([&] {
-    result.train_split_loss = split_loss(
-                                  model,
-                                  data.train_shards,
-                                  eval_batch,
-                                  T,
-                                  split_tokens,
-                                  byte_counts,
-                                  dev)
-                                  .loss;
-    result.val_split_loss = split_loss(
-                                model,
-                                data.val_shards,
-                                eval_batch,
-                                T,
-                                split_tokens,
-                                byte_counts,
-                                dev)
-                                .loss;
+    result.train_split_loss =
+        split_loss(
+            model, train_shards, eval_batch, T, split_tokens, byte_counts, dev)
+            .loss;
+    result.val_split_loss =
+        split_loss(
+            model, val_shards, eval_batch, T, split_tokens, byte_counts, dev)
+            .loss;
   });
-  result.unigram_loss =
-      unigram_loss(data.train_shards, data.val_shards, mc.vocab_size);
+  result.unigram_loss = unigram_loss(train_shards, val_shards, mc.vocab_size);
   log("Done: step " + std::to_string(total) + ", validation loss " +
       fmt("%.4f", result.val_loss) + " (" + fmt("%.4f", result.val_bpb) +
       " bits per byte); a unigram model scores " +

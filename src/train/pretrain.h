@@ -1,7 +1,8 @@
-// GPT pretraining: `orchard train`.
+// GPT training: `orchard train [stage=base|mid|sft]`.
 //
-// This file configures the shared Trainer (train/trainer.h) for the base
-// stage: the data (data_cache.h), the model (models/gpt.h), the parameter
+// This file configures the shared Trainer (train/trainer.h) for the GPT
+// stages: the data (data_cache.h, stage_data.h), the model (models/gpt.h;
+// mid and sft load the previous stage's, trained_model.h), the parameter
 // groups and optimizer, the length (num_iterations, epochs or
 // target_tokens), the precision, and an evaluation of validation loss and
 // bits per byte. Resume is exact: a run killed at any moment and started
@@ -23,14 +24,27 @@
 
 namespace orchard::train {
 
-struct PretrainResult {
-  std::string run_dir;
+struct TrainResult {
+  std::string stage, run_dir, tokenizer_dir;
   int64_t step = 0, total = 0;
   double val_loss = 0, val_bpb = 0, unigram_loss = 0;
   double train_split_loss = 0, val_split_loss = 0; // split_tokens each
   bool interrupted = false; // stopped by SIGINT/SIGTERM after saving
   bool already_done = false;
-  std::vector<std::string> val_shards; // for samples after training
+  double train_seconds = 0;       // over every resume of the run
+  uint64_t peak_memory_bytes = 0; // likewise
+  std::string checkpoint_dir;
+  std::string init_dir;                // mid/sft: the model started from
+  std::string data_description;        // "WordNet glosses (...)"
+  std::vector<std::string> val_shards; // base/mid: for samples
+  std::string chat_val;                // mid/sft: held-out conversations
+};
+
+// What samples are drawn from: continuations of held-out documents (base)
+// or answers to held-out questions (mid, sft).
+struct SampleSource {
+  std::vector<std::string> val_shards;
+  std::string chat_val; // "" for base
 };
 
 // Prints samples from the model as it trains (`sample_every`); given by the
@@ -38,7 +52,7 @@ struct PretrainResult {
 using SampleHook = std::function<void(
     const models::Gpt& model,
     const std::string& tokenizer_dir,
-    const std::vector<std::string>& val_shards,
+    const SampleSource& source,
     int64_t step)>;
 
 // Optimizer steps for the settings: num_iterations, else target_tokens,
@@ -69,7 +83,11 @@ BatchPlan plan_for(
     const Precision& precision,
     const DeviceInfo& device);
 
-PretrainResult run_pretraining(
+// One stage (cfg.stage): base trains a new model on text; mid and sft
+// start from the previous stage's model (cfg.init) and train on
+// conversations (train/stage_data.h). The run folder is
+// runs/<stage>/<run or model tag> unless run_dir is set.
+TrainResult run_training(
     const PretrainConfig& cfg,
     const config::Origins& origins,
     const DeviceInfo& device,

@@ -7,7 +7,39 @@ const config::Schema& pretrain_schema() {
   using C = PretrainConfig;
   using A = ArchConfig;
   static const config::Schema schema = [] {
-    config::Schema s("pretraining");
+    config::Schema s("training");
+    s.add(
+        {.key = "stage",
+         .access = field(&C::stage),
+         .help = "base (pretrain), mid (chats + text, from base) or sft "
+                 "(chats, loss on answers only, from mid)",
+         .choices = {"base", "mid", "sft"}});
+    s.add(
+        {.key = "init",
+         .access = field(&C::init),
+         .help = "mid/sft: the model to start from (auto: the previous "
+                 "stage's run of the same name; or a run/checkpoint folder)"});
+    s.add(
+        {.key = "chat_data",
+         .access = field(&C::chat_data),
+         .help = "mid/sft: chat JSONL files or folders ([] : WordNet's "
+                 "questions about words); every 20th conversation validates"});
+    s.add(
+        {.key = "mid_text_ratio",
+         .access = field(&C::mid_text_ratio),
+         .help = "mid: share of the tokens that are plain text (0.3)",
+         .min = 0,
+         .max = 0.95});
+    s.add(
+        {.key = "pack",
+         .access = field(&C::pack),
+         .help = "sft: pack whole conversations into each row (true) or one "
+                 "padded conversation per row (false)"});
+    s.add(
+        {.key = "lr_scale",
+         .access = field(&C::lr_scale),
+         .help = "multiplies every learning rate (auto: 1; 0.2 for sft)",
+         .min = 0});
     s.add(
         {.key = "depth",
          .access = field(&C::depth),
@@ -104,6 +136,18 @@ const config::Schema& pretrain_schema() {
          .help = "tokens to train on (auto; instead of num_iterations)",
          .min = 1});
     s.add(
+        {.key = "mid_iterations",
+         .access = field(&C::mid_iterations),
+         .help = "orchard pipeline: steps of the mid stage (40)",
+         .env = "MID_ITERATIONS",
+         .min = 1});
+    s.add(
+        {.key = "sft_iterations",
+         .access = field(&C::sft_iterations),
+         .help = "orchard pipeline: steps of the sft stage (40)",
+         .env = "SFT_ITERATIONS",
+         .min = 1});
+    s.add(
         {.key = "optimizer",
          .access = field(&C::optimizer),
          .help = "muon for the transformer's matrices with AdamW for the "
@@ -186,12 +230,12 @@ const config::Schema& pretrain_schema() {
     s.add(
         {.key = "run",
          .access = field(&C::run),
-         .help =
-             "run name: the folder runs/<run> (\"\": the model tag, e.g. d6)"});
+         .help = "run name: the folder runs/<stage>/<run> (\"\": the model "
+                 "tag, e.g. d6)"});
     s.add(
         {.key = "run_dir",
          .access = field(&C::run_dir),
-         .help = "put the run folder here instead of runs/<run>"});
+         .help = "put the run folder here instead of runs/<stage>/<run>"});
     s.add(
         {.key = "eval_every",
          .access = field(&C::eval_every),

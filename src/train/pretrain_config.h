@@ -29,6 +29,20 @@ struct ArchConfig {
 // `./orchard.sh quickstart` trains (d4, 100 Muon steps of 4096 tokens; a few
 // minutes on a 2-core CPU). configs/overnight.yaml is the larger one.
 struct PretrainConfig {
+  // Stage: base (pretraining from scratch), mid (continue a base model on
+  // conversations mixed with plain text, loss on every token) or sft
+  // (conversations, loss on the assistant's tokens only).
+  std::string stage = "base";
+  // mid and sft start from this: auto = the newest checkpoint of the stage
+  // before (runs/base/<run> for mid, runs/mid/<run> for sft); or a run or
+  // checkpoint folder.
+  std::string init = "auto";
+  std::vector<std::string> chat_data; // mid/sft: [] = WordNet's chats
+  double mid_text_ratio = 0.3;        // mid: share of plain-text tokens
+  bool pack = true; // sft: whole conversations back to back in each row
+  std::optional<double> lr_scale; // all learning rates x this (auto: 1;
+                                  // sft 0.2)
+
   // Model
   int64_t depth = 4;
   ArchConfig arch;
@@ -50,6 +64,10 @@ struct PretrainConfig {
   std::optional<int64_t> num_iterations = 100;
   std::optional<double> epochs;
   std::optional<int64_t> target_tokens;
+  // `orchard pipeline`: the steps of the mid and sft stages (base takes
+  // num_iterations, epochs or target_tokens).
+  int64_t mid_iterations = 40;
+  int64_t sft_iterations = 40;
 
   // Optimization: three parameter groups (matrices, embedding, lm_head);
   // `optimizer=muon` gives the matrices Muon, the others AdamW.

@@ -181,6 +181,8 @@ int64_t Trainer::resume() {
   best_step_ = int64_t(number_or(ckpt->state, "best_step", -1));
   last_val_ = number_or(ckpt->state, "val_loss", last_val_);
   skipped_ = int64_t(number_or(ckpt->state, "skipped_steps", 0));
+  seconds_ = number_or(ckpt->state, "train_seconds", 0);
+  peak_memory_ = uint64_t(number_or(ckpt->state, "peak_memory_bytes", 0));
   start_ = ckpt->step;
   log_(
       "Resuming from " + ckpt->dir + " (step " + std::to_string(ckpt->step) +
@@ -236,6 +238,8 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   state["complete"] = complete;
   state["skipped_steps"] = skipped_;
   state["micro_batch"] = opt_.micro_batch;
+  state["train_seconds"] = seconds_;
+  state["peak_memory_bytes"] = peak_memory_;
   if (scaler_.enabled())
     state["loss_scaler"] = scaler_.state();
   std::string dir = save_checkpoint(opt_.run_dir, step, model_t, opt_t, state);
@@ -346,6 +350,8 @@ TrainerResult Trainer::run() {
     result.already_done = true;
     result.step = start;
     result.final_eval.loss = last_val_;
+    result.train_seconds = seconds_;
+    result.peak_memory_bytes = peak_memory_;
     log_(
         "This run is already complete at step " + std::to_string(start) +
         "; raise the number of steps to train further, or use another run "
@@ -358,11 +364,12 @@ TrainerResult Trainer::run() {
   ProgressLine progress;
   EvalResult last_eval;
   int64_t non_finite_run = 0;
-  uint64_t peak_memory = 0;
   const double peak_lr =
       optimizers_.groups().empty() ? 0.0 : optimizers_.groups().front().lr;
   auto evaluate = [&](int64_t done) {
+    const double t0 = now_s();
     with_eval_weights([&] { last_eval = task_.evaluate(); });
+    seconds_ += now_s() - t0;
     last_val_ = last_eval.loss;
     if (last_eval.loss < best_val_) {
       best_val_ = last_eval.loss;
@@ -424,7 +431,8 @@ TrainerResult Trainer::run() {
         lr_multiplier(
             step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio);
     const MemoryReading mem = read_memory(opt_.device);
-    peak_memory = std::max(peak_memory, mem.peak);
+    peak_memory_ = std::max(peak_memory_, mem.peak);
+    seconds_ += dt;
     progress.update(
         {.step = done,
          .total = opt_.total_steps,
@@ -438,7 +446,8 @@ TrainerResult Trainer::run() {
         {"lr", lr},
         {"grad_norm", grad_norm},
         {"tokens_per_s", tok_s},
-        {"peak_memory_mb", double(mem.peak) / 1e6}};
+        {"peak_memory_mb", double(mem.peak) / 1e6},
+        {"elapsed_s", seconds_}};
     if (scaler_.enabled())
       row["loss_scale"] = scaler_.scale();
     metrics.write(row);
@@ -452,7 +461,9 @@ TrainerResult Trainer::run() {
     if (task_.sample && opt_.sample_every > 0 &&
         done % opt_.sample_every == 0 && !last) {
       progress.finish();
+      const double t0 = now_s();
       with_eval_weights([&] { task_.sample(done); });
+      seconds_ += now_s() - t0;
     }
     const bool stop = g_stop_signal != 0;
     if ((opt_.save_every > 0 && done % opt_.save_every == 0 && !last) || stop)
@@ -471,6 +482,8 @@ TrainerResult Trainer::run() {
       result.checkpoint_dir = last_checkpoint_;
       result.skipped_steps = skipped_;
       result.micro_batch = opt_.micro_batch;
+      result.train_seconds = seconds_;
+      result.peak_memory_bytes = peak_memory_;
       return result;
     }
   }
@@ -481,10 +494,11 @@ TrainerResult Trainer::run() {
   result.final_eval = last_eval;
   result.checkpoint_dir = last_checkpoint_;
   result.skipped_steps = skipped_;
-  result.peak_memory_bytes = peak_memory;
+  result.peak_memory_bytes = peak_memory_;
+  result.train_seconds = seconds_;
   result.micro_batch = opt_.micro_batch;
   log_(
-      "Peak memory: " + format_bytes(peak_memory) + " (" +
+      "Peak memory: " + format_bytes(peak_memory_) + " (" +
       read_memory(opt_.device).what + ").");
   if (skipped_ > 0)
     log_(

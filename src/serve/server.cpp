@@ -1,0 +1,644 @@
+#include "serve/server.h"
+
+#include "core/error.h"
+#include "infer/batch.h"
+#include "serve/web_assets.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+
+namespace orchard::serve {
+namespace {
+using nlohmann::json;
+// Text from a model can hold any bytes (chat.h's Utf8Stream already
+// replaces what is not UTF-8; this keeps a dump from ever throwing).
+constexpr auto kReplace = json::error_handler_t::replace;
+
+// An OpenAI-style error body.
+std::string error_body(
+    const std::string& message,
+    const std::string& param = "",
+    const std::string& type = "invalid_request_error") {
+  json e = {{"message", message}, {"type", type}, {"code", nullptr}};
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  return json{{"error", e}}.dump(-1, ' ', false, kReplace);
+}
+
+// A request the client got wrong: 400 with the field it names.
+struct BadRequest {
+  std::string message, param;
+  int status = 400;
+};
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string new_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  char buf[64];
+  std::snprintf(
+      buf,
+      sizeof buf,
+      "%s-%llx%llx",
+      prefix,
+      (unsigned long long)unix_time(),
+      (unsigned long long)++counter);
+  return buf;
+}
+
+// What the worker hands the HTTP thread: text pieces, then the end.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> pieces;
+  bool done = false;
+  std::string reason;
+  int64_t tokens = 0;
+  void push(std::string s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pieces.push_back(std::move(s));
+    }
+    cv.notify_all();
+  }
+  void close(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      reason = why;
+    }
+    cv.notify_all();
+  }
+};
+
+// The sampling fields both completion routes share.
+infer::SamplingOptions sampling_of(
+    const json& body,
+    const ServeOptions& opt,
+    bool* stream) {
+  infer::SamplingOptions s;
+  s.temperature = 1.0; // OpenAI's default
+  s.top_k = 0;
+  s.max_new_tokens = opt.default_max_tokens;
+  s.seed =
+      uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  auto number = [&](const char* key, double lo, double hi, double& out) {
+    if (!body.contains(key) || body[key].is_null())
+      return;
+    if (!body[key].is_number())
+      throw BadRequest{std::string(key) + " must be a number.", key};
+    double v = body[key].get<double>();
+    if (!(v >= lo && v <= hi))
+      throw BadRequest{
+          std::string(key) + " must be between " +
+              json(lo).dump(-1, ' ', false, kReplace) + " and " +
+              json(hi).dump(-1, ' ', false, kReplace) + "; got " +
+              json(v).dump(-1, ' ', false, kReplace) + ".",
+          key};
+    out = v;
+  };
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) {
+    if (!body.contains(key) || body[key].is_null())
+      return;
+    if (!body[key].is_number_integer())
+      throw BadRequest{std::string(key) + " must be an integer.", key};
+    int64_t v = body[key].get<int64_t>();
+    if (v < lo || v > hi)
+      throw BadRequest{
+          std::string(key) + " must be between " + std::to_string(lo) +
+              " and " + std::to_string(hi) + "; got " + std::to_string(v) + ".",
+          key};
+    out = v;
+  };
+  number("temperature", 0, 2, s.temperature);
+  number("top_p", 1e-9, 1, s.top_p);
+  integer("top_k", 0, 1 << 20, s.top_k);
+  integer("max_tokens", 1, opt.max_tokens_limit, s.max_new_tokens);
+  integer("max_completion_tokens", 1, opt.max_tokens_limit, s.max_new_tokens);
+  int64_t seed = 0;
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    integer("seed", INT64_MIN, INT64_MAX, seed);
+    s.seed = uint64_t(seed);
+  }
+  int64_t n = 1;
+  integer("n", 1, 1, n);
+  if (body.contains("stop") && !body["stop"].is_null())
+    throw BadRequest{
+        "stop sequences are not supported by this server; leave out "
+        "\"stop\" (replies end at the model's end-of-turn token).",
+        "stop"};
+  *stream = false;
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean())
+      throw BadRequest{"stream must be true or false.", "stream"};
+    *stream = body["stream"].get<bool>();
+  }
+  return s;
+}
+
+} // namespace
+
+struct Server::Impl {
+  infer::ChatModel& chat;
+  ServeOptions opt;
+  httplib::Server http;
+  std::unique_ptr<infer::BatchEngine> engine;
+  int port = 0;
+
+  Impl(infer::ChatModel& c, ServeOptions o) : chat(c), opt(std::move(o)) {
+    engine = std::make_unique<infer::BatchEngine>(
+        c.loaded().model,
+        c.loaded().model->wte->weight.device(),
+        opt.max_batch);
+    routes();
+  }
+
+  json parse_body(const httplib::Request& req) {
+    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded())
+      throw BadRequest{
+          "the request body is not valid JSON (" +
+              std::to_string(req.body.size()) + " bytes).",
+          ""};
+    if (!body.is_object())
+      throw BadRequest{"the request body must be a JSON object.", ""};
+    return body;
+  }
+
+  std::vector<text::Message> messages_of(const json& body) {
+    if (!body.contains("messages"))
+      throw BadRequest{"messages is required.", "messages"};
+    const json& ms = body["messages"];
+    if (!ms.is_array() || ms.empty())
+      throw BadRequest{
+          "messages must be a non-empty array of {role, content}.", "messages"};
+    if (ms.size() > opt.max_messages)
+      throw BadRequest{
+          "messages holds " + std::to_string(ms.size()) +
+              " messages; this server accepts at most " +
+              std::to_string(opt.max_messages) + ".",
+          "messages"};
+    std::vector<text::Message> out;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      const json& m = ms[i];
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        throw BadRequest{where + " needs a string role.", where + ".role"};
+      std::string role = m["role"].get<std::string>();
+      if (role == "developer")
+        role = "system";
+      if (role != "system" && role != "user" && role != "assistant")
+        throw BadRequest{
+            where + ".role is '" + role + "'; use system, user or assistant.",
+            where + ".role"};
+      std::string content;
+      const json c = m.value("content", json(nullptr));
+      if (c.is_string()) {
+        content = c.get<std::string>();
+      } else if (c.is_array()) { // [{"type": "text", "text": ...}]
+        for (const auto& part : c) {
+          if (!part.is_object() || part.value("type", "") != "text" ||
+              !part.contains("text") || !part["text"].is_string())
+            throw BadRequest{
+                where +
+                    ".content parts must be {\"type\": \"text\", "
+                    "\"text\": ...}; this model reads only text.",
+                where + ".content"};
+          content += part["text"].get<std::string>();
+        }
+      } else {
+        throw BadRequest{
+            where + ".content must be a string.", where + ".content"};
+      }
+      if (content.size() > opt.max_message_chars)
+        throw BadRequest{
+            where + ".content is " + std::to_string(content.size()) +
+                " characters; this server accepts at most " +
+                std::to_string(opt.max_message_chars) + " per message.",
+            where + ".content"};
+      out.push_back({role, content});
+    }
+    if (out.back().role == "assistant")
+      throw BadRequest{
+          "the last message is the assistant's; end with a user message.",
+          "messages"};
+    return out;
+  }
+
+  // Runs the request through the batch engine. Streams with `emit` per
+  // text piece when given; returns the channel when done.
+  std::shared_ptr<Channel> start(
+      std::vector<int64_t> prompt,
+      infer::SamplingOptions s,
+      std::shared_ptr<infer::BatchRequest>* out_request) {
+    if (int64_t(prompt.size()) >= engine->max_seq_len())
+      throw BadRequest{
+          "the prompt is " + std::to_string(prompt.size()) +
+              " tokens; this model reads at most " +
+              std::to_string(engine->max_seq_len() - 1) +
+              ". Send less text (or fewer messages).",
+          "messages"};
+    auto ch = std::make_shared<Channel>();
+    auto r = std::make_shared<infer::BatchRequest>();
+    r->prompt = std::move(prompt);
+    s.stop_tokens.insert(
+        s.stop_tokens.end(),
+        chat.stop_tokens().begin(),
+        chat.stop_tokens().end());
+    r->options = s;
+    auto utf8 = std::make_shared<infer::Utf8Stream>();
+    const auto stops = s.stop_tokens;
+    infer::ChatModel* model = &chat;
+    r->on_token = [ch, utf8, stops, model](int64_t id) {
+      if (std::find(stops.begin(), stops.end(), id) != stops.end())
+        return true; // ends the request; not part of the text
+      ++ch->tokens;
+      std::string text = utf8->push(model->text_of({id}));
+      if (!text.empty())
+        ch->push(std::move(text));
+      return true;
+    };
+    r->on_done = [ch, utf8](const std::string& reason) {
+      std::string rest = utf8->flush();
+      if (!rest.empty())
+        ch->push(rest);
+      ch->close(reason);
+    };
+    *out_request = r;
+    engine->submit(r);
+    return ch;
+  }
+
+  // The whole reply (non-streamed requests).
+  static std::string collect(Channel& ch) {
+    std::unique_lock<std::mutex> lock(ch.mu);
+    ch.cv.wait(lock, [&] { return ch.done; });
+    std::string all;
+    for (auto& p : ch.pieces)
+      all += p;
+    return all;
+  }
+
+  // A non-streamed reply: the whole text in `envelope` with its choices and
+  // usage, or 500 when generation failed.
+  void reply_whole(
+      httplib::Response& res,
+      Channel& ch,
+      json envelope,
+      const std::function<json(const std::string&, const std::string&)>&
+          choices,
+      int64_t prompt_tokens) {
+    std::string text = collect(ch);
+    if (ch.reason.rfind("error: ", 0) == 0) {
+      res.status = 500;
+      res.set_content(
+          error_body(ch.reason.substr(7), "", "server_error"),
+          "application/json");
+      return;
+    }
+    envelope["choices"] =
+        choices(text, ch.reason == "length" ? "length" : "stop");
+    envelope["usage"] = {
+        {"prompt_tokens", prompt_tokens},
+        {"completion_tokens", ch.tokens},
+        {"total_tokens", prompt_tokens + ch.tokens}};
+    res.set_content(
+        envelope.dump(-1, ' ', false, kReplace), "application/json");
+  }
+
+  // Server-sent events: one `data:` line per piece from `chunk`, then the
+  // final chunk and [DONE]. A failed write (the client left) cancels.
+  void stream(
+      httplib::Response& res,
+      std::shared_ptr<Channel> ch,
+      std::shared_ptr<infer::BatchRequest> request,
+      std::function<json(const std::string* text, const std::string* finish)>
+          chunk) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [ch, request, chunk](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& data) {
+            std::string event = "data: " + data + "\n\n";
+            if (!sink.write(event.data(), event.size())) {
+              request->cancelled = true;
+              return false;
+            }
+            return true;
+          };
+          std::unique_lock<std::mutex> lock(ch->mu);
+          ch->cv.wait_for(lock, std::chrono::milliseconds(250), [&] {
+            return ch->done || !ch->pieces.empty();
+          });
+          std::deque<std::string> pieces;
+          pieces.swap(ch->pieces);
+          const bool done = ch->done;
+          const std::string reason = ch->reason;
+          lock.unlock();
+          if (pieces.empty() && !done && !sink.is_writable()) {
+            request->cancelled = true;
+            return false;
+          }
+          for (const auto& p : pieces)
+            if (!send(chunk(&p, nullptr).dump(-1, ' ', false, kReplace)))
+              return false;
+          if (done) {
+            if (reason.rfind("error: ", 0) == 0) {
+              send(json::parse(error_body(reason.substr(7), "", "server_error"))
+                       .dump(-1, ' ', false, kReplace));
+            } else {
+              std::string finish = reason == "length" ? "length" : "stop";
+              if (!send(chunk(nullptr, &finish).dump(-1, ' ', false, kReplace)))
+                return false;
+            }
+            send("[DONE]");
+            sink.done();
+          }
+          return true;
+        },
+        [request](bool) { request->cancelled = true; });
+  }
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req);
+    auto messages = messages_of(body);
+    bool streaming = false;
+    auto s = sampling_of(body, opt, &streaming);
+    auto prompt = chat.prompt_ids(messages);
+    const int64_t prompt_tokens = int64_t(prompt.size());
+    std::shared_ptr<infer::BatchRequest> request;
+    auto ch = start(std::move(prompt), s, &request);
+    const std::string id = new_id("chatcmpl");
+    const int64_t created = unix_time();
+    const std::string model = opt.model_name;
+    if (streaming) {
+      auto first = std::make_shared<bool>(true);
+      stream(
+          res,
+          ch,
+          request,
+          [=](const std::string* text, const std::string* finish) {
+            json delta = json::object();
+            if (*first) {
+              delta["role"] = "assistant";
+              *first = false;
+            }
+            if (text)
+              delta["content"] = *text;
+            return json{
+                {"id", id},
+                {"object", "chat.completion.chunk"},
+                {"created", created},
+                {"model", model},
+                {"choices",
+                 json::array(
+                     {{{"index", 0},
+                       {"delta", delta},
+                       {"finish_reason",
+                        finish ? json(*finish) : json(nullptr)}}})}};
+          });
+      return;
+    }
+    reply_whole(
+        res,
+        *ch,
+        {{"id", id},
+         {"object", "chat.completion"},
+         {"created", created},
+         {"model", model}},
+        [](const std::string& text, const std::string& finish) {
+          return json::array(
+              {{{"index", 0},
+                {"message", {{"role", "assistant"}, {"content", text}}},
+                {"finish_reason", finish}}});
+        },
+        prompt_tokens);
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req);
+    if (!body.contains("prompt"))
+      throw BadRequest{"prompt is required.", "prompt"};
+    std::string prompt_text;
+    const json& p = body["prompt"];
+    if (p.is_string())
+      prompt_text = p.get<std::string>();
+    else if (p.is_array() && p.size() == 1 && p[0].is_string())
+      prompt_text = p[0].get<std::string>();
+    else
+      throw BadRequest{"prompt must be a string.", "prompt"};
+    if (prompt_text.size() > opt.max_message_chars)
+      throw BadRequest{
+          "prompt is " + std::to_string(prompt_text.size()) +
+              " characters; this server accepts at most " +
+              std::to_string(opt.max_message_chars) + ".",
+          "prompt"};
+    bool streaming = false;
+    auto s = sampling_of(body, opt, &streaming);
+    const auto& tok = chat.tokenizer();
+    std::vector<int64_t> prompt;
+    auto bos = tok.special_id("<|bos|>");
+    if (!bos)
+      bos = tok.special_id("<|endoftext|>");
+    if (bos) {
+      prompt.push_back(*bos);
+      s.stop_tokens.push_back(*bos);
+    }
+    for (auto id : tok.encode(prompt_text))
+      prompt.push_back(id);
+    const int64_t prompt_tokens = int64_t(prompt.size());
+    std::shared_ptr<infer::BatchRequest> request;
+    auto ch = start(std::move(prompt), s, &request);
+    const std::string id = new_id("cmpl");
+    const int64_t created = unix_time();
+    const std::string model = opt.model_name;
+    auto choice = [](const std::string& text, json finish) {
+      return json::array(
+          {{{"index", 0},
+            {"text", text},
+            {"logprobs", nullptr},
+            {"finish_reason", finish}}});
+    };
+    if (streaming) {
+      stream(
+          res,
+          ch,
+          request,
+          [=](const std::string* text, const std::string* finish) {
+            return json{
+                {"id", id},
+                {"object", "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices",
+                 choice(
+                     text ? *text : "",
+                     finish ? json(*finish) : json(nullptr))}};
+          });
+      return;
+    }
+    reply_whole(
+        res,
+        *ch,
+        {{"id", id},
+         {"object", "text_completion"},
+         {"created", created},
+         {"model", model}},
+        [&](const std::string& text, const std::string& finish) {
+          return choice(text, finish);
+        },
+        prompt_tokens);
+  }
+
+  // Runs a handler; a BadRequest becomes its status and error body.
+  template <class F>
+  httplib::Server::Handler guarded(F f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      try {
+        (this->*f)(req, res);
+      } catch (const BadRequest& e) {
+        res.status = e.status;
+        res.set_content(error_body(e.message, e.param), "application/json");
+      } catch (const UserError& e) {
+        res.status = 400;
+        res.set_content(error_body(e.what()), "application/json");
+      }
+    };
+  }
+
+  void routes() {
+    http.set_payload_max_length(opt.max_body_bytes);
+    const int threads = opt.threads;
+    http.new_task_queue = [threads] {
+      return new httplib::ThreadPool(size_t(threads));
+    };
+    http.set_pre_routing_handler(
+        [this](const httplib::Request& req, httplib::Response& res) {
+          if (opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
+            return httplib::Server::HandlerResponse::Unhandled;
+          if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
+            return httplib::Server::HandlerResponse::Unhandled;
+          res.status = 401;
+          res.set_header("WWW-Authenticate", "Bearer");
+          res.set_content(
+              error_body(
+                  "this server wants an API key: send the header "
+                  "'Authorization: Bearer <key>' (the key given to orchard "
+                  "serve --api-key).",
+                  "",
+                  "invalid_request_error"),
+              "application/json");
+          return httplib::Server::HandlerResponse::Handled;
+        });
+    http.set_error_handler(
+        [](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty())
+            return;
+          std::string message;
+          if (res.status == 413)
+            message = "the request body is too large for this server.";
+          else if (res.status == 404)
+            message = "no route " + req.method + " " + req.path +
+                "; see GET /v1/models, POST /v1/chat/completions, POST "
+                "/v1/completions, GET /health.";
+          else
+            message = "HTTP " + std::to_string(res.status) + ".";
+          res.set_content(error_body(message), "application/json");
+        });
+    http.set_exception_handler([](const httplib::Request&,
+                                  httplib::Response& res,
+                                  std::exception_ptr ep) {
+      std::string what = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      res.status = 500;
+      res.set_content(
+          error_body(what.substr(0, what.find('\n')), "", "server_error"),
+          "application/json");
+    });
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      const std::string* page = web_asset("chat.html");
+      res.set_content(
+          page ? *page : "chat page missing", "text/html; charset=utf-8");
+    });
+    http.Get(
+        "/health", [this](const httplib::Request&, httplib::Response& res) {
+          auto st = engine->stats();
+          res.set_content(
+              json{
+                  {"status", "ok"},
+                  {"model", opt.model_name},
+                  {"active", engine->active()},
+                  {"queued", engine->queued()},
+                  {"requests", st.requests},
+                  {"decode_steps", st.steps},
+                  {"cancelled", st.cancelled},
+                  {"largest_batch", st.max_rows}}
+                  .dump(-1, ' ', false, kReplace),
+              "application/json");
+        });
+    http.Get(
+        "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+          res.set_content(
+              json{
+                  {"object", "list"},
+                  {"data",
+                   json::array(
+                       {{{"id", opt.model_name},
+                         {"object", "model"},
+                         {"created", 0},
+                         {"owned_by", "orchard"}}})}}
+                  .dump(-1, ' ', false, kReplace),
+              "application/json");
+        });
+    http.Post("/v1/chat/completions", guarded(&Impl::chat_completions));
+    http.Post("/v1/completions", guarded(&Impl::completions));
+  }
+};
+
+Server::Server(infer::ChatModel& chat, ServeOptions options)
+    : impl_(std::make_unique<Impl>(chat, std::move(options))) {}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::bind() {
+  auto& o = impl_->opt;
+  if (o.port == 0) {
+    impl_->port = impl_->http.bind_to_any_port(o.host);
+  } else {
+    impl_->port = impl_->http.bind_to_port(o.host, o.port) ? o.port : -1;
+  }
+  if (impl_->port <= 0)
+    throw UserError(
+        "cannot listen on " + o.host + ":" + std::to_string(o.port) +
+        " (in use, or not an address of this machine); choose another with "
+        "--port or --host.");
+  return impl_->port;
+}
+
+void Server::run() {
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  if (impl_ && impl_->http.is_running())
+    impl_->http.stop();
+}
+
+} // namespace orchard::serve

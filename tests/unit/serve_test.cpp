@@ -1,0 +1,515 @@
+// Batched decoding and the HTTP server, over loopback with a tiny random
+// chat model: the OpenAI-compatible routes (plain, streamed, concurrent),
+// every error they give, authentication, a client that leaves mid-stream,
+// and the chat page in headless Chromium.
+#include "infer/batch.h"
+#include "infer/chat.h"
+#include "serve/server.h"
+#include "serve/web_assets.h"
+#include "test_util.h"
+#include "text/bpe_train.h"
+#include "text/hf_tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+namespace orchard {
+namespace {
+using nlohmann::json;
+
+models::Gpt random_gpt(int64_t vocab, int64_t max_seq, int64_t kv_heads) {
+  models::GptConfig c;
+  c.vocab_size = vocab;
+  c.n_layer = 2;
+  c.n_embd = 32;
+  c.n_head = 2;
+  c.n_kv_head = kv_heads;
+  c.max_seq_len = max_seq;
+  torch::manual_seed(7);
+  models::Gpt m(c);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters())
+    p.normal_(0.0, 0.3); // every weight random, so logits depend on context
+  m->eval();
+  return m;
+}
+
+TEST(DecodeBatch, EqualsForwardWithACacheRowByRow) {
+  auto model = random_gpt(50, 32, /*kv_heads=*/1); // grouped-query too
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<int64_t>> prompts = {
+      {1, 2, 3}, {4, 5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15}};
+  std::vector<int64_t> next = {20, 21, 22};
+  models::BatchKvCache batch;
+  std::vector<torch::Tensor> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    models::KvCache kv;
+    model->forward(torch::tensor(prompts[i]).view({1, -1}), &kv);
+    for (size_t l = 0; l < kv.k.size(); ++l) {
+      auto pad = [&](const torch::Tensor& t) {
+        auto row = torch::zeros({1, t.size(1), 32, t.size(3)});
+        row.narrow(2, 0, t.size(2)).copy_(t);
+        return row;
+      };
+      if (batch.k.size() <= l) {
+        batch.k.push_back(pad(kv.k[l]));
+        batch.v.push_back(pad(kv.v[l]));
+      } else {
+        batch.k[l] = torch::cat({batch.k[l], pad(kv.k[l])});
+        batch.v[l] = torch::cat({batch.v[l], pad(kv.v[l])});
+      }
+    }
+    auto logits = model->forward(torch::tensor({next[i]}).view({1, 1}), &kv);
+    expected.push_back(logits[0][0]);
+  }
+  auto got = model->decode_batch(
+      torch::tensor(next), torch::tensor(std::vector<int64_t>{3, 7, 5}), batch);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_TRUE(torch::allclose(got[int64_t(i)], expected[i], 1e-5, 1e-5))
+        << "row " << i;
+}
+
+TEST(BatchEngine, ConcurrentRequestsGiveWhatEachGivesAlone) {
+  auto model = random_gpt(50, 48, 2);
+  infer::Engine alone(model, torch::kCPU);
+  infer::BatchEngine batch(model, torch::kCPU, 8);
+  std::vector<std::vector<int64_t>> prompts = {
+      {1, 2, 3}, {4, 5, 6, 7, 8, 9, 10}, {11, 12}, {3, 3, 3, 3}};
+  std::vector<infer::SamplingOptions> opts(4);
+  opts[0].temperature = 0; // greedy
+  opts[1].seed = 5;
+  opts[2].top_k = 5;
+  opts[2].seed = 9;
+  opts[3].max_new_tokens = 100; // runs into the context limit
+  for (auto& o : opts)
+    o.max_new_tokens = std::min<int64_t>(o.max_new_tokens, 30);
+  opts[3].max_new_tokens = 100;
+  std::vector<std::promise<std::pair<std::vector<int64_t>, std::string>>> done(
+      4);
+  std::vector<std::vector<int64_t>> got(4);
+  for (size_t i = 0; i < 4; ++i) {
+    auto r = std::make_shared<infer::BatchRequest>();
+    r->prompt = prompts[i];
+    r->options = opts[i];
+    r->on_token = [&got, i](int64_t id) {
+      got[i].push_back(id);
+      return true;
+    };
+    r->on_done = [&done, &got, i](const std::string& why) {
+      done[i].set_value({got[i], why});
+    };
+    batch.submit(r);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    auto [tokens, why] = done[i].get_future().get();
+    auto want = alone.generate(prompts[i], opts[i]);
+    EXPECT_EQ(tokens, want) << "request " << i;
+    EXPECT_EQ(why, "length");
+  }
+  EXPECT_EQ(int64_t(got[3].size()), 48 - 4); // up to the context
+  EXPECT_GT(batch.stats().max_rows, 1) << "requests were not batched";
+}
+
+TEST(BatchEngine, ACancelledRequestLeavesAndOthersGoOn) {
+  auto model = random_gpt(50, 256, 2);
+  infer::BatchEngine batch(model, torch::kCPU, 4);
+  auto cancelled = std::make_shared<infer::BatchRequest>();
+  cancelled->prompt = {1, 2};
+  cancelled->options.max_new_tokens = 200;
+  std::promise<std::string> a_done, b_done;
+  std::atomic<int> a_tokens{0};
+  cancelled->on_token = [&](int64_t) {
+    if (++a_tokens == 3)
+      cancelled->cancelled = true; // as a client that went away
+    return true;
+  };
+  cancelled->on_done = [&](const std::string& w) { a_done.set_value(w); };
+  auto other = std::make_shared<infer::BatchRequest>();
+  other->prompt = {3, 4};
+  other->options.max_new_tokens = 20;
+  other->on_done = [&](const std::string& w) { b_done.set_value(w); };
+  batch.submit(cancelled);
+  batch.submit(other);
+  EXPECT_EQ(a_done.get_future().get(), "cancelled");
+  EXPECT_EQ(b_done.get_future().get(), "length");
+  EXPECT_LE(a_tokens.load(), 5);
+  EXPECT_EQ(batch.stats().cancelled, 1);
+}
+
+TEST(Utf8Stream, HoldsBackSplitCharacters) {
+  infer::Utf8Stream s;
+  std::string euro = "\xE2\x82\xAC"; // U+20AC, three bytes
+  EXPECT_EQ(s.push("a" + euro.substr(0, 1)), "a");
+  EXPECT_EQ(s.push(euro.substr(1, 1)), "");
+  EXPECT_EQ(s.push(euro.substr(2) + "b"), euro + "b");
+  EXPECT_EQ(s.push("\xF0\x9F"), "");
+  EXPECT_EQ(s.flush(), "\xEF\xBF\xBD");
+  // Bytes that are not UTF-8 become U+FFFD; what follows is kept.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(s.push("\x8Bx"), r + "x");         // a stray continuation
+  EXPECT_EQ(s.push("\xE2\x82y"), r + "y");     // cut short
+  EXPECT_EQ(s.push("\xFF\xC0z"), r + r + "z"); // never valid leads
+  EXPECT_EQ(s.flush(), "");
+}
+
+// A chat model with an Orchard tokenizer, served on a free port.
+struct ServerFixture {
+  test::TempDir dir;
+  std::unique_ptr<infer::ChatModel> chat;
+  std::unique_ptr<serve::Server> server;
+  std::thread thread;
+  int port = 0;
+  explicit ServerFixture(serve::ServeOptions o = {}, int64_t max_seq = 128) {
+    text::BpeTrainer trainer({.vocab_size = 300});
+    trainer.add_text(
+        "What does tree mean? A tall woody plant. The quick brown fox jumps "
+        "over the lazy dog. Orchard trains language models on your machine.");
+    std::filesystem::create_directories(dir.file("tok"));
+    text::save_hf_tokenizer(trainer.train(), dir.file("tok/tokenizer.json"));
+    infer::LoadedModel loaded;
+    loaded.model = random_gpt(300, max_seq, 2);
+    loaded.tokenizer_dir = dir.file("tok");
+    chat = std::make_unique<infer::ChatModel>(loaded, torch::kCPU);
+    o.port = 0;
+    o.model_name = "sft/test";
+    server = std::make_unique<serve::Server>(*chat, o);
+    port = server->bind();
+    thread = std::thread([this] { server->run(); });
+  }
+  ~ServerFixture() {
+    server->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+};
+
+json chat_body(int64_t max_tokens = 8, bool stream = false) {
+  return {
+      {"model", "anything"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}},
+        {{"role", "user"}, {"content", "What does tree mean?"}}}},
+      {"max_tokens", max_tokens},
+      {"temperature", 0},
+      {"stream", stream}};
+}
+
+// The data: payloads of a server-sent event stream.
+std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    size_t end = body.find("\n\n", at);
+    out.push_back(body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return out;
+}
+
+TEST(Serve, ChatCompletionPlainAndStreamedAgree) {
+  ServerFixture f;
+  auto c = f.client();
+  auto res =
+      c.Post("/v1/chat/completions", chat_body(8).dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  auto j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "sft/test");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  const std::string text = j["choices"][0]["message"]["content"];
+  const std::string finish = j["choices"][0]["finish_reason"];
+  EXPECT_TRUE(finish == "stop" || finish == "length");
+  EXPECT_EQ(
+      j["usage"]["prompt_tokens"].get<int64_t>(),
+      int64_t(
+          f.chat
+              ->prompt_ids(
+                  {{"system", "Be brief."}, {"user", "What does tree mean?"}})
+              .size()));
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int64_t>(), 8);
+
+  res = c.Post(
+      "/v1/chat/completions", chat_body(8, true).dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_NE(
+      res->get_header_value("Content-Type").find("text/event-stream"),
+      std::string::npos);
+  auto events = sse_data(res->body);
+  ASSERT_GE(events.size(), 2u) << res->body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    auto e = json::parse(events[i]);
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    if (i == 0) {
+      EXPECT_EQ(e["choices"][0]["delta"]["role"], "assistant");
+    }
+    if (e["choices"][0]["delta"].contains("content"))
+      streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    if (i + 2 == events.size()) {
+      EXPECT_EQ(e["choices"][0]["finish_reason"], finish);
+    }
+  }
+  EXPECT_EQ(streamed, text) << "greedy: the stream spells the same reply";
+}
+
+TEST(Serve, CompletionsModelsAndHealth) {
+  ServerFixture f;
+  auto c = f.client();
+  auto res = c.Post(
+      "/v1/completions",
+      json{{"prompt", "The quick brown"}, {"max_tokens", 5}}.dump(),
+      "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  auto j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_TRUE(j["choices"][0]["text"].is_string());
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int64_t>(), 5);
+  res = c.Post(
+      "/v1/completions",
+      json{{"prompt", "The quick brown"}, {"max_tokens", 5}, {"stream", true}}
+          .dump(),
+      "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(sse_data(res->body).back(), "[DONE]");
+  res = c.Get("/v1/models");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["data"][0]["id"], "sft/test");
+  res = c.Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["status"], "ok");
+  res = c.Get("/");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("/v1/chat/completions"), std::string::npos);
+  EXPECT_EQ(res->body.find("http://"), std::string::npos)
+      << "the page must not load anything from elsewhere";
+  EXPECT_EQ(res->body.find("https://"), std::string::npos);
+}
+
+TEST(Serve, EachBadRequestGetsItsStatusAndNamesTheField) {
+  serve::ServeOptions o;
+  o.max_messages = 3;
+  o.max_message_chars = 50;
+  o.max_tokens_limit = 100;
+  o.max_body_bytes = 4096;
+  ServerFixture f(o);
+  auto c = f.client();
+  auto post = [&](const std::string& body) {
+    auto r = c.Post("/v1/chat/completions", body, "application/json");
+    EXPECT_TRUE(r);
+    return r;
+  };
+  struct Case {
+    json body;
+    std::string param;
+  };
+  json user = {{"role", "user"}, {"content", "hi"}};
+  std::vector<Case> cases = {
+      {json::object(), "messages"},
+      {{{"messages", json::array()}}, "messages"},
+      {{{"messages", {user, user, user, user}}}, "messages"},
+      {{{"messages", {{{"role", "user"}, {"content", std::string(51, 'x')}}}}},
+       "messages[0].content"},
+      {{{"messages", {{{"role", "robot"}, {"content", "hi"}}}}},
+       "messages[0].role"},
+      {{{"messages", {{{"role", "user"}, {"content", 5}}}}},
+       "messages[0].content"},
+      {{{"messages", {user, {{"role", "assistant"}, {"content", "yo"}}}}},
+       "messages"},
+      {{{"messages", {user}}, {"max_tokens", 101}}, "max_tokens"},
+      {{{"messages", {user}}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"messages", {user}}, {"max_tokens", "ten"}}, "max_tokens"},
+      {{{"messages", {user}}, {"temperature", 2.5}}, "temperature"},
+      {{{"messages", {user}}, {"top_p", 0}}, "top_p"},
+      {{{"messages", {user}}, {"n", 2}}, "n"},
+      {{{"messages", {user}}, {"stream", "yes"}}, "stream"},
+      {{{"messages", {user}}, {"stop", "\n"}}, "stop"},
+  };
+  for (const auto& k : cases) {
+    auto r = post(k.body.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << k.body.dump();
+    auto j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_EQ(j["error"]["param"], k.param)
+        << k.body.dump() << " -> " << r->body;
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+  }
+  // Malformed JSON, a non-object, an oversized body, an unknown route.
+  auto r = post("{\"messages\": [");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("not valid JSON"), std::string::npos);
+  EXPECT_EQ(post("[1, 2]")->status, 400);
+  r = post(std::string(5000, ' '));
+  EXPECT_EQ(r->status, 413);
+  EXPECT_NE(r->body.find("too large"), std::string::npos);
+  r = c.Get("/v2/nothing");
+  EXPECT_EQ(r->status, 404);
+  // A prompt longer than the model's context.
+  ServerFixture small(serve::ServeOptions{}, /*max_seq=*/16);
+  auto c2 = small.client();
+  r = c2.Post(
+      "/v1/chat/completions",
+      json{{"messages",
+            {{{"role", "user"},
+              {"content", "What does tree mean? The quick brown fox"}}}}}
+          .dump(),
+      "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "messages");
+  // The server still answers.
+  EXPECT_EQ(post(chat_body(2).dump())->status, 200);
+}
+
+TEST(Serve, ApiKeyGuardsTheApiButNotHealth) {
+  serve::ServeOptions o;
+  o.api_key = "s3cret";
+  ServerFixture f(o);
+  auto c = f.client();
+  auto r =
+      c.Post("/v1/chat/completions", chat_body(2).dump(), "application/json");
+  EXPECT_EQ(r->status, 401);
+  EXPECT_NE(r->body.find("Authorization: Bearer"), std::string::npos);
+  httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
+  EXPECT_EQ(c.Get("/v1/models", wrong)->status, 401);
+  httplib::Headers right = {{"Authorization", "Bearer s3cret"}};
+  EXPECT_EQ(c.Get("/v1/models", right)->status, 200);
+  EXPECT_EQ(
+      c.Post(
+           "/v1/chat/completions",
+           right,
+           chat_body(2).dump(),
+           "application/json")
+          ->status,
+      200);
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+TEST(Serve, ConcurrentStreamsAreDecodedTogether) {
+  ServerFixture f;
+  const int n = 6;
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&] {
+      auto c = f.client();
+      auto body = chat_body(40, true);
+      body["temperature"] = 1.0;
+      auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      if (r && r->status == 200 && sse_data(r->body).back() == "[DONE]")
+        ++ok;
+    });
+  for (auto& t : clients)
+    t.join();
+  EXPECT_EQ(ok.load(), n);
+  auto health = json::parse(f.client().Get("/health")->body);
+  EXPECT_EQ(health["requests"].get<int64_t>(), n);
+  EXPECT_GT(health["largest_batch"].get<int64_t>(), 1)
+      << "six clients at once were decoded one by one";
+}
+
+TEST(Serve, AClientThatLeavesMidStreamFreesItsSlot) {
+  ServerFixture f(serve::ServeOptions{}, /*max_seq=*/2048);
+  auto body = chat_body(2000, true);
+  body["temperature"] = 1.0;
+  const std::string payload = body.dump();
+  // A raw connection: send the request, read the first bytes of the
+  // stream, hang up.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(f.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::string request =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(
+      ::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+  std::string got;
+  char buf[512];
+  while (got.find("data: ") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, size_t(n));
+  }
+  ::close(fd);
+  json health;
+  for (int i = 0; i < 400; ++i) {
+    health = json::parse(f.client().Get("/health")->body);
+    if (health["cancelled"].get<int64_t>() == 1)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_EQ(health["cancelled"].get<int64_t>(), 1) << health.dump();
+  EXPECT_EQ(health["active"].get<int64_t>(), 0);
+  EXPECT_LT(health["decode_steps"].get<int64_t>(), 1900)
+      << "the request ran to the end after its client left";
+}
+
+// The chat page in headless Chromium: it loads, sends the message in its
+// address (#send=...), and shows the streamed reply.
+TEST(Serve, ChatPageInHeadlessChromiumShowsAStreamedReply) {
+  std::string browser;
+  for (const char* b :
+       {"/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome"})
+    if (std::filesystem::exists(b))
+      browser = b;
+  if (browser.empty())
+    GTEST_SKIP() << "SKIPPED: no Chromium (./orchard.sh test installs it)";
+  serve::ServeOptions o;
+  ServerFixture f(o);
+  test::TempDir profile;
+  const std::string cmd = browser +
+      " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--no-first-run --user-data-dir=" +
+      profile.path().string() +
+      " --virtual-time-budget=20000 --dump-dom 'http://127.0.0.1:" +
+      std::to_string(f.port) +
+      "/#send=What%20does%20tree%20mean%3F' 2>/dev/null";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string dom;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0)
+    dom.append(buf, n);
+  ::pclose(pipe);
+  ASSERT_NE(dom.find("id=\"log\""), std::string::npos) << dom.substr(0, 500);
+  EXPECT_NE(dom.find("What does tree mean?"), std::string::npos)
+      << "the message was not sent";
+  // The reply: an assistant bubble with text, marked done by the page.
+  auto at = dom.find("msg assistant");
+  ASSERT_NE(at, std::string::npos) << dom;
+  EXPECT_NE(dom.find("data-state=\"done\""), std::string::npos) << dom;
+  EXPECT_EQ(dom.find("msg error"), std::string::npos) << dom;
+  auto health = json::parse(f.client().Get("/health")->body);
+  EXPECT_GE(health["requests"].get<int64_t>(), 1);
+}
+
+} // namespace
+} // namespace orchard
