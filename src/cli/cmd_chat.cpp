@@ -91,11 +91,8 @@ Command register_chat(CLI::App& root) {
             const std::string path = model_path(st->model);
             MachineFacts m = machine_for(st->device);
             DeviceInfo d = select_device(st->device, m);
-            infer::LoadedModel loaded = infer::load_trained_model(path);
-            std::printf(
-                "Model: %s (step %lld)\n",
-                loaded.checkpoint_dir.c_str(),
-                (long long)loaded.step);
+            (void)path;
+            infer::LoadedModel loaded = load_model(st->model, d);
             infer::ChatModel chat(loaded, d.device);
             std::vector<text::Message> messages;
             std::string system = st->system;

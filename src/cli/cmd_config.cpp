@@ -1,6 +1,7 @@
 // `orchard config`: resolve the config from every source, print it as YAML,
 // and exit. The dry run: what a preset sets, what a run would use.
 #include "cli/common.h"
+#include "train/finetune.h"
 #include "train/pretrain_config.h"
 
 #include <iostream>
@@ -20,6 +21,14 @@ Command register_config(CLI::App& root) {
   add_config_flags(app, st->config, pretrain_schema(), &st->defaults);
   add_device_flags(app, st->device, /*allow_assume=*/true);
   return {app, [st] {
+            if (train::is_finetune_stage(requested_stage(st->config))) {
+              train::FinetuneConfig cfg;
+              auto origins = config::resolve(
+                  train::finetune_schema(), &cfg, sources_of(st->config));
+              std::cout << config::to_yaml(
+                  train::finetune_schema(), &cfg, origins);
+              return 0;
+            }
             PretrainConfig cfg;
             auto origins = config::resolve(
                 pretrain_schema(), &cfg, sources_of(st->config));

@@ -56,14 +56,13 @@ Command register_generate(CLI::App& root) {
               "--temperature must be >= 0, --top-p in (0, 1] and --max-new-tokens >= 1.");
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        infer::LoadedModel loaded = infer::load_trained_model(model_path(st->model));
+        model_path(st->model); // which model, before the device is chosen
+        infer::LoadedModel loaded = load_model(st->model, d);
         text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
-        std::printf(
-            "Model: %s (step %lld)\n",
-            loaded.checkpoint_dir.c_str(),
-            (long long)loaded.step);
         infer::Engine engine(loaded.model, d.device);
         auto bos = tok.special_id("<|bos|>");
+        if (!bos)
+          bos = tok.special_id("<|begin_of_text|>"); // Llama 3
         if (!bos)
           bos = tok.special_id("<|endoftext|>");
         infer::SamplingOptions opt = st->sampling;

@@ -61,28 +61,18 @@ Command register_serve(CLI::App& root) {
           throw UserError(
               "--max-batch, --max-tokens-limit, --max-messages and "
               "--max-message-chars must be at least 1, and --port in 0..65535.");
-        const std::string path = model_path(st->model);
+        model_path(st->model); // which model, before the device is chosen
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        infer::LoadedModel loaded = infer::load_trained_model(path);
+        infer::LoadedModel loaded = load_model(st->model, d);
         infer::ChatModel chat(loaded, d.device);
         // The model's id: the run's name and stage (runs/sft/d4 -> sft/d4).
-        std::filesystem::path run(path);
-        if (std::filesystem::exists(run / "state.json"))
-          run = run.parent_path().parent_path();
-        run = run.lexically_normal();
-        if (run.filename().empty())
-          run = run.parent_path();
-        o.model_name = run.parent_path().filename().string() + "/" +
-            run.filename().string();
+        o.model_name = model_name(st->model);
         serve::Server server(chat, o);
         const int port = server.bind();
         std::printf(
-            "Model: %s (step %lld)\n"
             "Serving %s on http://%s:%d  (chat page: /, API: /v1/chat/completions, "
             "/v1/completions, /v1/models, /health)%s\nCtrl-C stops.\n",
-            loaded.checkpoint_dir.c_str(),
-            (long long)loaded.step,
             o.model_name.c_str(),
             o.host.c_str(),
             port,

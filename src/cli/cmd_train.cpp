@@ -2,12 +2,41 @@
 // arguments: the default model pretrained on the default corpus (WordNet),
 // on the best device.
 #include "cli/common.h"
+#include "train/finetune.h"
 
 #include <cstdio>
-
 #include <memory>
 
 namespace orchard::cli {
+namespace {
+
+int run_finetune_command(const ConfigFlags& flags, const DeviceFlags& dflags) {
+  train::FinetuneConfig cfg;
+  auto origins =
+      config::resolve(train::finetune_schema(), &cfg, sources_of(flags));
+  MachineFacts m = machine_for(dflags);
+  DeviceInfo d = select_device(dflags, m);
+  auto r = train::run_finetune(cfg, origins, d);
+  if (r.interrupted) {
+    std::printf("Stopped; the same command resumes from the checkpoint.\n");
+    return 0;
+  }
+  if (cfg.stage == "lora")
+    std::printf(
+        "\nChat with it: orchard chat --model %s --adapter %s\n"
+        "Merge it:     orchard lora merge --model %s --adapter %s --out "
+        "merged-model\n",
+        cfg.model.c_str(),
+        r.output_dir.c_str(),
+        cfg.model.c_str(),
+        r.output_dir.c_str());
+  else
+    std::printf(
+        "\nChat with it: orchard chat --model %s\n", r.output_dir.c_str());
+  return 0;
+}
+
+} // namespace
 
 Command register_train(CLI::App& root) {
   struct State {
@@ -18,12 +47,16 @@ Command register_train(CLI::App& root) {
   auto st = std::make_shared<State>();
   CLI::App* app = root.add_subcommand(
       "train",
-      "Train a GPT stage: base (default, on WordNet), mid or sft; resumes from "
-      "the run's checkpoints");
+      "Train a GPT stage: base (default, on WordNet), mid or sft; or "
+      "fine-tune a Hugging Face model: stage=lora|full model=DIR data=FILE "
+      "(its keys: orchard config stage=lora); resumes from the run's "
+      "checkpoints");
   add_config_flags(app, st->config, pretrain_schema(), &st->defaults);
   add_device_flags(app, st->device, /*allow_assume=*/false);
   return {
       app, [st] {
+        if (train::is_finetune_stage(requested_stage(st->config)))
+          return run_finetune_command(st->config, st->device);
         PretrainConfig cfg;
         auto origins =
             config::resolve(pretrain_schema(), &cfg, sources_of(st->config));

@@ -1,5 +1,15 @@
 #include "cli/common.h"
 
+#include "models/lora.h"
+#include "train/finetune.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "core/error.h"
 #include "train/trained_model.h"
 
@@ -105,9 +115,25 @@ void add_model_flags(CLI::App* app, ModelFlags& flags) {
       "--checkpoint",
       flags.checkpoint,
       "a run folder (its newest checkpoint) or a checkpoint folder");
+  app->add_option(
+      "--model",
+      flags.model_dir,
+      "a Hugging Face model folder (Llama, Qwen2, Mistral: config.json, "
+      "*.safetensors, tokenizer.json)");
+  app->add_option(
+      "--adapter",
+      flags.adapter,
+      "with --model: a LoRA adapter folder (PEFT's format) or an `orchard "
+      "train stage=lora` run folder");
 }
 
 std::string model_path(const ModelFlags& flags) {
+  if (!flags.model_dir.empty())
+    return flags.model_dir;
+  if (!flags.adapter.empty())
+    throw UserError(
+        "--adapter needs --model DIR, the base model the adapter was trained "
+        "on.");
   if (!flags.stage.empty() && !flags.checkpoint.empty())
     throw UserError(
         "give either -i STAGE or --checkpoint DIR, not both.");
@@ -118,6 +144,100 @@ std::string model_path(const ModelFlags& flags) {
         "which model? Give -i base|mid|sft (a stage's newest run) or "
         "--checkpoint DIR (a run or checkpoint folder).");
   return train::find_stage_run(flags.stage, flags.run);
+}
+
+std::string adapter_folder(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(path) / "adapter_config.json"))
+    return path;
+  if (fs::exists(fs::path(path) / "adapter" / "adapter_config.json"))
+    return (fs::path(path) / "adapter").string();
+  throw UserError(
+      "--adapter " + path +
+      " holds no adapter_config.json (nor adapter/adapter_config.json, as an "
+      "orchard train stage=lora run folder does once it finishes).");
+}
+
+infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& d) {
+  if (flags.model_dir.empty()) {
+    infer::LoadedModel loaded = infer::load_trained_model(model_path(flags));
+    std::printf(
+        "Model: %s (step %lld)\n",
+        loaded.checkpoint_dir.c_str(),
+        (long long)loaded.step);
+    return loaded;
+  }
+  if (!flags.stage.empty() || !flags.checkpoint.empty())
+    throw UserError(
+        "give either --model DIR or -i/--checkpoint, not both.");
+  models::LoadOptions opt;
+  opt.device = d.device;
+  opt.dtype = train::finetune_dtype(train::FinetuneConfig{}, d);
+  models::Llama model = models::load_hf_model(flags.model_dir, opt);
+  std::string adapter;
+  if (!flags.adapter.empty()) {
+    adapter = adapter_folder(flags.adapter);
+    models::load_adapter(model, adapter, torch::kFloat32);
+    model->to(d.device);
+  }
+  model->eval();
+  std::printf(
+      "Model: %s (%s, %lld layers)%s\n",
+      flags.model_dir.c_str(),
+      model->config.architecture.c_str(),
+      (long long)model->config.num_hidden_layers,
+      adapter.empty() ? "" : (" + adapter " + adapter).c_str());
+  infer::LoadedModel out;
+  out.model = model.ptr();
+  out.tokenizer_dir = flags.model_dir;
+  out.checkpoint_dir = flags.model_dir;
+  return out;
+}
+
+std::string model_name(const ModelFlags& flags) {
+  namespace fs = std::filesystem;
+  if (!flags.model_dir.empty()) {
+    std::string n = fs::path(flags.model_dir).lexically_normal().filename().string();
+    if (n.empty())
+      n = fs::path(flags.model_dir).lexically_normal().parent_path().filename().string();
+    return flags.adapter.empty() ? n : n + "+adapter";
+  }
+  fs::path run(model_path(flags));
+  if (fs::exists(run / "state.json"))
+    run = run.parent_path().parent_path();
+  run = run.lexically_normal();
+  if (run.filename().empty())
+    run = run.parent_path();
+  return run.parent_path().filename().string() + "/" + run.filename().string();
+}
+
+// The stage the sources ask for (preset, then --config, then key=value;
+// the later wins), so fine-tuning stages read their own keys. "" when none
+// says; a source that does not parse is left for the real resolution to
+// report.
+std::string requested_stage(const ConfigFlags& f) {
+  std::string stage;
+  auto from_yaml = [&](const std::string& text) {
+    try {
+      YAML::Node n = YAML::Load(text);
+      if (n.IsMap() && n["stage"] && n["stage"].IsScalar())
+        stage = n["stage"].as<std::string>();
+    } catch (const YAML::Exception&) {
+    }
+  };
+  if (!f.preset.empty())
+    if (auto text = config::preset_text(f.preset))
+      from_yaml(*text);
+  if (!f.config_file.empty()) {
+    std::ifstream in(f.config_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    from_yaml(ss.str());
+  }
+  for (const auto& o : f.overrides)
+    if (o.rfind("stage=", 0) == 0)
+      stage = o.substr(6);
+  return stage;
 }
 
 } // namespace orchard::cli

@@ -5,6 +5,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/machine.h"
+#include "infer/engine.h"
 #include "train/pretrain_config.h"
 #include "train/report.h"
 
@@ -40,12 +41,23 @@ DeviceInfo select_device(
 // Which trained model a command uses: `-i base|mid|sft [--run NAME]` (the
 // stage's run, the newest when no name is given) or `--checkpoint DIR` (a
 // run or checkpoint folder).
+// Or `--model DIR [--adapter DIR]`: a Hugging Face model folder, with a
+// LoRA adapter (PEFT's format, or a run folder of `orchard train
+// stage=lora`).
 struct ModelFlags {
   std::string stage, run, checkpoint;
+  std::string model_dir, adapter;
 };
 void add_model_flags(CLI::App* app, ModelFlags& flags);
 // The run or checkpoint folder; UserError when neither or both are given.
 std::string model_path(const ModelFlags& flags);
+// The model the flags name, on `device` (Hugging Face models in bfloat16 on
+// CUDA and MPS, float32 on the CPU); prints what was loaded.
+infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& device);
+// A human name for the model: "sft/d4", "Llama-3.2-3B + adapter".
+std::string model_name(const ModelFlags& flags);
+// An adapter folder: `path` itself, or <path>/adapter (a LoRA run folder).
+std::string adapter_folder(const std::string& path);
 
 struct ConfigFlags {
   std::string preset;
@@ -62,6 +74,10 @@ void add_config_flags(
     void* defaults);
 
 config::Sources sources_of(const ConfigFlags& flags);
+// The stage the sources ask for (preset, then --config, then key=value;
+// the later wins), "" when none says: fine-tuning stages (lora, full) read
+// their own keys.
+std::string requested_stage(const ConfigFlags& flags);
 
 // A subcommand: its CLI11 app and what to run once it was parsed.
 struct Command {
@@ -87,5 +103,6 @@ Command register_plan(CLI::App& root);
 Command register_pipeline(CLI::App& root);
 Command register_chat(CLI::App& root);
 Command register_serve(CLI::App& root);
+Command register_lora(CLI::App& root);
 
 } // namespace orchard::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
       cli::register_pipeline(app),
       cli::register_chat(app),
       cli::register_serve(app),
+      cli::register_lora(app),
   };
   try {
     configure_cpu_threads();

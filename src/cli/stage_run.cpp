@@ -72,7 +72,7 @@ train::StageReport run_stage(
                   const train::SampleSource& source,
                   int64_t step) {
     infer::LoadedModel loaded;
-    loaded.model = model;
+    loaded.model = model.ptr();
     loaded.tokenizer_dir = tokenizer_dir;
     std::printf("Samples at step %lld:\n", (long long)step);
     print_samples(draw_samples(loaded, source, 2, cfg.seed, nullptr));

@@ -17,7 +17,7 @@ struct BatchEngine::Slot {
 };
 
 BatchEngine::BatchEngine(
-    models::Gpt model,
+    std::shared_ptr<models::LanguageModel> model,
     torch::Device device,
     int64_t max_batch)
     : model_(std::move(model)),
@@ -140,7 +140,7 @@ void BatchEngine::admit(std::shared_ptr<BatchRequest> r) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.requests;
   }
-  const int64_t Tmax = model_->config.max_seq_len;
+  const int64_t Tmax = model_->max_seq_len();
   if (r->cancelled) {
     if (r->on_done)
       r->on_done("cancelled");
@@ -203,7 +203,7 @@ void BatchEngine::admit(std::shared_ptr<BatchRequest> r) {
 
 // One token for every active request.
 void BatchEngine::step() {
-  const int64_t Tmax = model_->config.max_seq_len;
+  const int64_t Tmax = model_->max_seq_len();
   // Requests cancelled since the last step leave first.
   for (size_t i = slots_.size(); i-- > 0;)
     if (slots_[i]->request->cancelled)

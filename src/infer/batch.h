@@ -40,7 +40,10 @@ struct BatchStats {
 class BatchEngine {
  public:
   // `max_batch` requests decode together; more wait in the queue.
-  BatchEngine(models::Gpt model, torch::Device device, int64_t max_batch);
+  BatchEngine(
+      std::shared_ptr<models::LanguageModel> model,
+      torch::Device device,
+      int64_t max_batch);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
   BatchEngine& operator=(const BatchEngine&) = delete;
@@ -51,7 +54,7 @@ class BatchEngine {
   size_t active() const;
   BatchStats stats() const;
   int64_t max_seq_len() const {
-    return model_->config.max_seq_len;
+    return model_->max_seq_len();
   }
 
  private:
@@ -61,7 +64,7 @@ class BatchEngine {
   void step();
   void finish(size_t index, const std::string& reason);
 
-  models::Gpt model_;
+  std::shared_ptr<models::LanguageModel> model_;
   torch::Device device_;
   int64_t max_batch_;
   mutable std::mutex mu_;

@@ -137,7 +137,7 @@ std::vector<ChatSample> sample_chat_answers(
     const std::string& chat_path,
     int count,
     const SamplingOptions& options) {
-  ChatModel chat(model, model.model->wte->weight.device());
+  ChatModel chat(model, model.model->device());
   data::ChatFile file = data::ChatFile::open(chat_path);
   std::vector<ChatSample> out;
   const size_t n = file.size();

@@ -54,7 +54,7 @@ class ChatModel {
     return loaded_;
   }
   int64_t max_seq_len() const {
-    return loaded_.model->config.max_seq_len;
+    return loaded_.model->max_seq_len();
   }
   Engine& engine() {
     return engine_;

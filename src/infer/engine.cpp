@@ -45,7 +45,9 @@ int64_t sample_token(
       .item<int64_t>();
 }
 
-Engine::Engine(models::Gpt model, torch::Device device)
+Engine::Engine(
+    std::shared_ptr<models::LanguageModel> model,
+    torch::Device device)
     : model_(std::move(model)), device_(device) {
   model_->to(device_);
   model_->eval();
@@ -59,7 +61,7 @@ std::vector<int64_t> Engine::generate(
     GenerationStats* stats) {
   if (prompt.empty())
     throw UserError("the prompt is empty.");
-  const int64_t max_len = model_->config.max_seq_len;
+  const int64_t max_len = model_->max_seq_len();
   if (int64_t(prompt.size()) >= max_len)
     throw UserError(
         "the prompt is " + std::to_string(prompt.size()) +
@@ -107,7 +109,7 @@ std::vector<int64_t> Engine::generate(
 LoadedModel load_trained_model(const std::string& path) {
   train::TrainedModel t = train::load_trained(path);
   LoadedModel out;
-  out.model = t.model;
+  out.model = t.model.ptr();
   out.tokenizer_dir = t.tokenizer_dir;
   out.checkpoint_dir = t.checkpoint_dir;
   out.step = t.step;
@@ -128,7 +130,7 @@ std::vector<std::pair<std::string, std::string>> sample_validation_documents(
   if (!bos || val_shards.empty())
     return out;
   // On the device the weights are on (the GPU while training samples).
-  Engine engine(loaded.model, loaded.model->wte->weight.device());
+  Engine engine(loaded.model, loaded.model->device());
   SamplingOptions o = opt;
   o.stop_tokens.push_back(*bos);
   data::Shard shard = data::Shard::open(val_shards.front());

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,7 @@ int64_t sample_token(
 
 class Engine {
  public:
-  Engine(models::Gpt model, torch::Device device);
+  Engine(std::shared_ptr<models::LanguageModel> model, torch::Device device);
 
   // New token ids after `prompt`; `on_token` sees each as it is made (and
   // may return false to stop). Stops at max_new_tokens, a stop token, or
@@ -51,19 +52,19 @@ class Engine {
       bool use_cache = true,
       GenerationStats* stats = nullptr);
 
-  const models::Gpt& model() const {
+  const std::shared_ptr<models::LanguageModel>& model() const {
     return model_;
   }
 
  private:
-  models::Gpt model_;
+  std::shared_ptr<models::LanguageModel> model_;
   torch::Device device_;
 };
 
 // A trained model from a run folder (its newest good checkpoint) or a
 // checkpoint folder; uses the EMA weights when the checkpoint has them.
 struct LoadedModel {
-  models::Gpt model{nullptr};
+  std::shared_ptr<models::LanguageModel> model;
   std::string tokenizer_dir;
   std::string checkpoint_dir;
   int64_t step = 0;

@@ -14,6 +14,7 @@
 // cache is passed in.
 #pragma once
 
+#include "models/language_model.h"
 #include "train/pretrain_config.h"
 
 #include <torch/torch.h>
@@ -44,14 +45,6 @@ struct GptConfig {
 // are inconsistent (width not divisible by heads, heads not by kv heads,
 // odd head dim for rotary).
 GptConfig resolve_gpt_config(const PretrainConfig& cfg, int64_t vocab_size);
-
-// The keys and values of earlier positions, per layer, for generation.
-struct KvCache {
-  std::vector<torch::Tensor> k, v; // (B, Hkv, T_cached, D) per layer
-  int64_t length() const {
-    return k.empty() || !k[0].defined() ? 0 : k[0].size(2);
-  }
-};
 
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptConfig& c);
@@ -99,30 +92,29 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// The keys and values of a batch of sequences at different lengths, one
-// row each, in fixed-size tensors (B, Hkv, max_seq_len, D) per layer.
-struct BatchKvCache {
-  std::vector<torch::Tensor> k, v;
-  int64_t rows() const {
-    return k.empty() ? 0 : k[0].size(0);
-  }
-};
-
-struct GptImpl : torch::nn::Module {
+struct GptImpl : LanguageModel {
   explicit GptImpl(const GptConfig& c);
 
   // Logits (B, T, V) in float32, soft-capped. With a cache, `idx` holds the
   // positions after the cached ones and the cache is extended.
-  torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr);
+  torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr)
+      override;
   // Batched decoding: logits (B, V) of the token `idx` (B) at position
   // `pos` (B) of each row, whose earlier keys and values are in `cache`
   // (extended in place). Equals forward() with a KvCache row by row.
   torch::Tensor decode_batch(
       const torch::Tensor& idx,
       const torch::Tensor& pos,
-      BatchKvCache& cache);
+      BatchKvCache& cache) override;
   // Mean cross-entropy over targets != -1 (ignored positions).
-  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
+      override;
+  int64_t max_seq_len() const override {
+    return config.max_seq_len;
+  }
+  int64_t vocab_size() const override {
+    return config.vocab_size;
+  }
 
   // nanochat's initialisation: embeddings N(0, 1); matrices N(0, s) with
   // s = min(1, sqrt(fan_out / fan_in)) / sqrt(fan_in); the output

@@ -158,7 +158,7 @@ struct Server::Impl {
   Impl(infer::ChatModel& c, ServeOptions o) : chat(c), opt(std::move(o)) {
     engine = std::make_unique<infer::BatchEngine>(
         c.loaded().model,
-        c.loaded().model->wte->weight.device(),
+        c.loaded().model->device(),
         opt.max_batch);
     routes();
   }

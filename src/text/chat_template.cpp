@@ -79,6 +79,12 @@ ChatFamily detect_chat_family(const std::string& dir, const Tokenizer& tok) {
       for (const auto& t : j["chat_template"]) // [{name, template}, ...]
         if (t.value("name", "") == "default")
           tmpl = t.value("template", "");
+    // transformers 5 writes the template to chat_template.jinja instead.
+    fs::path jinja = fs::path(dir) / "chat_template.jinja";
+    if (tmpl.empty() && fs::exists(jinja)) {
+      std::ifstream t(jinja);
+      tmpl.assign(std::istreambuf_iterator<char>(t), {});
+    }
     if (!tmpl.empty()) {
       if (tmpl.find("<|start_header_id|>") != std::string::npos)
         return ChatFamily::Llama3;

@@ -178,8 +178,11 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
     std::string content = a.value("content", "");
     TokenId id = a.value("id", 0u);
     auto it = index.find(content);
-    if (it != index.end() && tokens[it->second].id == id)
-      continue; // an ordinary token listed again
+    // An ordinary token listed again, unless marked special (tokenizers'
+    // BpeTrainer puts its special tokens in the vocabulary too).
+    if (it != index.end() && tokens[it->second].id == id &&
+        !a.value("special", false))
+      continue;
     special[content] = id;
   }
   return Tokenizer(

@@ -25,6 +25,24 @@
 namespace orchard::train {
 namespace {
 
+// The parameters a run trains, and so checkpoints, averages and restores:
+// those that require gradients (a LoRA run's adapters, not its frozen base).
+std::vector<std::pair<std::string, torch::Tensor>> trained_parameters(
+    const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model.named_parameters())
+    if (p.value().requires_grad())
+      out.push_back({p.key(), p.value()});
+  return out;
+}
+
+std::vector<torch::Tensor> trained_tensors(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, t] : trained_parameters(model))
+    out.push_back(t);
+  return out;
+}
+
 // Returns cached blocks to the device after an out-of-memory error.
 void free_device_caches(const torch::Device& device) {
 #if defined(ORCHARD_WITH_CUDA)
@@ -112,7 +130,7 @@ Trainer::Trainer(
       scaler_(opt_.precision.loss_scaling) {
   if (opt_.ema) {
     torch::NoGradGuard no_grad;
-    for (const auto& p : task_.model->parameters())
+    for (const auto& p : trained_tensors(*task_.model))
       ema_.push_back(p.detach().clone());
   }
 }
@@ -133,21 +151,21 @@ int64_t Trainer::resume() {
   if (!ckpt)
     return 0;
   torch::NoGradGuard no_grad;
-  auto params = task_.model->named_parameters();
-  for (auto& named : params) {
-    auto it = ckpt->model.find(named.key());
-    if (it == ckpt->model.end() || it->second.sizes() != named.value().sizes())
+  auto params = trained_parameters(*task_.model);
+  for (auto& [key, value] : params) {
+    auto it = ckpt->model.find(key);
+    if (it == ckpt->model.end() || it->second.sizes() != value.sizes())
       throw UserError(
           "checkpoint " + ckpt->dir + " does not fit this model ('" +
-          named.key() +
+          key +
           "' missing or of another shape): the architecture settings changed. "
           "Use the original settings, another run name, or resume=never.");
-    named.value().copy_(it->second);
+    value.copy_(it->second);
   }
   for (size_t i = 0; i < ema_.size(); ++i) {
-    auto it = ckpt->model.find("ema." + params[i].key());
+    auto it = ckpt->model.find("ema." + params[i].first);
     // A checkpoint from a run without EMA starts the average at the weights.
-    ema_[i].copy_(it != ckpt->model.end() ? it->second : params[i].value());
+    ema_[i].copy_(it != ckpt->model.end() ? it->second : params[i].second);
   }
   optimizers_.load(ckpt->optimizer);
   load_rng_state(ckpt->optimizer, opt_.device);
@@ -193,7 +211,7 @@ int64_t Trainer::resume() {
 void Trainer::with_eval_weights(const std::function<void()>& fn) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> saved;
-  auto params = task_.model->parameters();
+  auto params = trained_tensors(*task_.model);
   if (!ema_.empty())
     for (size_t i = 0; i < params.size(); ++i) {
       saved.push_back(params[i].detach().clone());
@@ -217,11 +235,11 @@ void Trainer::with_eval_weights(const std::function<void()>& fn) {
 
 void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   NamedTensors model_t, opt_t;
-  auto params = task_.model->named_parameters();
-  for (auto& p : params)
-    model_t.push_back({p.key(), p.value()});
+  auto params = trained_parameters(*task_.model);
+  for (auto& [key, value] : params)
+    model_t.push_back({key, value});
   for (size_t i = 0; i < ema_.size(); ++i)
-    model_t.push_back({"ema." + params[i].key(), ema_[i]});
+    model_t.push_back({"ema." + params[i].first, ema_[i]});
   opt_t = optimizers_.state();
   for (auto& r : rng_state(opt_.device))
     opt_t.push_back(r);
@@ -296,7 +314,7 @@ void Trainer::take_step(
           step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio),
       step);
   if (!ema_.empty()) {
-    auto params = task_.model->parameters();
+    auto params = trained_tensors(*task_.model);
     for (size_t i = 0; i < params.size(); ++i)
       ema_[i].mul_(opt_.ema_rate).add_(params[i].detach(), 1.0 - opt_.ema_rate);
   }

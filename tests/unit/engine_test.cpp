@@ -25,7 +25,7 @@ models::Gpt random_model() {
 }
 
 TEST(Engine, GreedyWithCacheEqualsWithout) {
-  Engine e(random_model(), torch::kCPU);
+  Engine e(random_model().ptr(), torch::kCPU);
   SamplingOptions greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = 25;
@@ -36,7 +36,7 @@ TEST(Engine, GreedyWithCacheEqualsWithout) {
 }
 
 TEST(Engine, SameSeedSameTokens) {
-  Engine e(random_model(), torch::kCPU);
+  Engine e(random_model().ptr(), torch::kCPU);
   SamplingOptions s;
   s.temperature = 1.0;
   s.top_k = 0;
@@ -53,7 +53,7 @@ TEST(Engine, SameSeedSameTokens) {
 }
 
 TEST(Engine, StopsAtStopTokensAndMaxSeqLen) {
-  Engine e(random_model(), torch::kCPU);
+  Engine e(random_model().ptr(), torch::kCPU);
   SamplingOptions greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = 100;

@@ -83,8 +83,8 @@ TEST(DecodeBatch, EqualsForwardWithACacheRowByRow) {
 
 TEST(BatchEngine, ConcurrentRequestsGiveWhatEachGivesAlone) {
   auto model = random_gpt(50, 48, 2);
-  infer::Engine alone(model, torch::kCPU);
-  infer::BatchEngine batch(model, torch::kCPU, 8);
+  infer::Engine alone(model.ptr(), torch::kCPU);
+  infer::BatchEngine batch(model.ptr(), torch::kCPU, 8);
   std::vector<std::vector<int64_t>> prompts = {
       {1, 2, 3}, {4, 5, 6, 7, 8, 9, 10}, {11, 12}, {3, 3, 3, 3}};
   std::vector<infer::SamplingOptions> opts(4);
@@ -124,7 +124,7 @@ TEST(BatchEngine, ConcurrentRequestsGiveWhatEachGivesAlone) {
 
 TEST(BatchEngine, ACancelledRequestLeavesAndOthersGoOn) {
   auto model = random_gpt(50, 256, 2);
-  infer::BatchEngine batch(model, torch::kCPU, 4);
+  infer::BatchEngine batch(model.ptr(), torch::kCPU, 4);
   auto cancelled = std::make_shared<infer::BatchRequest>();
   cancelled->prompt = {1, 2};
   cancelled->options.max_new_tokens = 200;
@@ -179,7 +179,7 @@ struct ServerFixture {
     std::filesystem::create_directories(dir.file("tok"));
     text::save_hf_tokenizer(trainer.train(), dir.file("tok/tokenizer.json"));
     infer::LoadedModel loaded;
-    loaded.model = random_gpt(300, max_seq, 2);
+    loaded.model = random_gpt(300, max_seq, 2).ptr();
     loaded.tokenizer_dir = dir.file("tok");
     chat = std::make_unique<infer::ChatModel>(loaded, torch::kCPU);
     o.port = 0;

@@ -1,0 +1,59 @@
+// What generation, chat and serving need from a model, whichever its
+// architecture: Orchard's GPT (models/gpt.h) or a Hugging Face Llama-family
+// model (models/llama.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace orchard::models {
+
+// The keys and values of earlier positions, per layer, for generation.
+struct KvCache {
+  std::vector<torch::Tensor> k, v; // (B, Hkv, T_cached, D) per layer
+  int64_t length() const {
+    return k.empty() || !k[0].defined() ? 0 : k[0].size(2);
+  }
+};
+
+// The keys and values of a batch of sequences at different lengths, one
+// row each, in fixed-size tensors (B, Hkv, max_seq_len, D) per layer.
+struct BatchKvCache {
+  std::vector<torch::Tensor> k, v;
+  int64_t rows() const {
+    return k.empty() ? 0 : k[0].size(0);
+  }
+};
+
+class LanguageModel : public torch::nn::Module {
+ public:
+  // Logits (B, T, V) in float32 (float64 for a float64 model). With a
+  // cache, `idx` holds the positions after the cached ones and the cache is
+  // extended.
+  virtual torch::Tensor forward(
+      const torch::Tensor& idx,
+      KvCache* cache = nullptr) = 0;
+  // Logits (B, V) of the token `idx` (B) at position `pos` (B) of each row,
+  // whose earlier keys and values are in `cache` (extended in place).
+  // Equals forward() with a KvCache row by row.
+  virtual torch::Tensor decode_batch(
+      const torch::Tensor& idx,
+      const torch::Tensor& pos,
+      BatchKvCache& cache) = 0;
+  // Mean cross-entropy over targets != -1 (ignored positions).
+  virtual torch::Tensor loss(
+      const torch::Tensor& idx,
+      const torch::Tensor& targets) = 0;
+  // The longest sequence generation may build (prompt + new tokens).
+  virtual int64_t max_seq_len() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // Where the weights are.
+  torch::Device device() const {
+    auto p = parameters();
+    return p.empty() ? torch::Device(torch::kCPU) : p[0].device();
+  }
+};
+
+} // namespace orchard::models

@@ -1,0 +1,627 @@
+#include "models/llama.h"
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "core/torch_compat.h"
+#include "models/checkpointing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+
+namespace orchard::models {
+namespace {
+
+namespace fs = std::filesystem;
+namespace F = torch::nn::functional;
+
+const std::map<std::string, std::string> kArchitectures = {
+    {"LlamaForCausalLM", "llama"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"MistralForCausalLM", "mistral"},
+};
+
+torch::ScalarType dtype_of(const std::string& name, const std::string& file) {
+  if (name == "float32" || name.empty())
+    return torch::kFloat32;
+  if (name == "bfloat16")
+    return torch::kBFloat16;
+  if (name == "float16")
+    return torch::kFloat16;
+  throw UserError(
+      "'" + file + "' has dtype '" + name +
+      "'; Orchard reads float32, bfloat16 and float16 models.");
+}
+
+int64_t get_int(const nlohmann::json& j, const char* key, const std::string& file) {
+  if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
+    throw UserError(
+        "'" + file + "' needs a positive integer '" + key +
+        "'; is this a model folder transformers saved?");
+  return j[key].get<int64_t>();
+}
+
+// PyTorch's RMSNorm on a half-rotated layout: [x1 c - x2 s, x2 c + x1 s],
+// which is x * cos + rotate_half(x) * sin with cos = [c, c], sin = [s, s].
+torch::Tensor rotate(
+    const torch::Tensor& x,
+    const torch::Tensor& c,
+    const torch::Tensor& s) {
+  const int64_t d = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, d), x2 = x.narrow(-1, d, d);
+  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+} // namespace
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto& [a, t] : kArchitectures)
+    s += (s.empty() ? "" : ", ") + a;
+  return s;
+}
+
+HfModelConfig read_hf_config(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  if (!fs::is_directory(dir))
+    throw UserError(
+        "model folder '" + dir +
+        "' does not exist; give the folder a Hugging Face model was saved "
+        "or downloaded to (config.json, *.safetensors, tokenizer.json).");
+  std::ifstream in(file);
+  if (!in)
+    throw UserError(
+        "'" + dir +
+        "' has no config.json; it is not a Hugging Face model folder.");
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw UserError("'" + file + "' is not valid JSON.");
+  HfModelConfig c;
+  c.raw = j;
+  if (j.contains("architectures") && j["architectures"].is_array() &&
+      !j["architectures"].empty() && j["architectures"][0].is_string())
+    c.architecture = j["architectures"][0];
+  c.model_type = j.value("model_type", "");
+  auto known = kArchitectures.find(c.architecture);
+  if (known == kArchitectures.end())
+    throw UserError(
+        "'" + file + "' describes " +
+        (c.architecture.empty() ? std::string("no architecture")
+                                : "a " + c.architecture) +
+        "; Orchard reads " + supported_architectures() + ".");
+  const std::string act = j.value("hidden_act", "silu");
+  if (act != "silu")
+    throw UserError(
+        "'" + file + "' uses hidden_act '" + act +
+        "'; Orchard's Llama-family models use silu.");
+  c.vocab_size = get_int(j, "vocab_size", file);
+  c.hidden_size = get_int(j, "hidden_size", file);
+  c.intermediate_size = get_int(j, "intermediate_size", file);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", file);
+  c.num_attention_heads = get_int(j, "num_attention_heads", file);
+  c.num_key_value_heads = j.contains("num_key_value_heads") &&
+          !j["num_key_value_heads"].is_null()
+      ? get_int(j, "num_key_value_heads", file)
+      : c.num_attention_heads;
+  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
+      ? get_int(j, "head_dim", file)
+      : c.hidden_size / c.num_attention_heads;
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", file);
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (known->second == "qwen2") {
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = c.o_bias = j.value("attention_bias", false);
+    c.mlp_bias = j.value("mlp_bias", false);
+  }
+  if (known->second == "mistral" && j.contains("sliding_window") &&
+      j["sliding_window"].is_number_integer())
+    c.sliding_window = j["sliding_window"].get<int64_t>();
+  // transformers 5 keeps rope settings in rope_parameters; 4.x in rope_theta
+  // and rope_scaling ("type" in older files, "rope_type" in newer ones).
+  nlohmann::json rope = nlohmann::json::object();
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    rope = j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
+    rope = j["rope_scaling"];
+  c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
+                                             : j.value("rope_theta", 10000.0);
+  c.rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
+  if (c.rope_type == "llama3") {
+    c.rope_factor = rope.value("factor", 8.0);
+    c.low_freq_factor = rope.value("low_freq_factor", 1.0);
+    c.high_freq_factor = rope.value("high_freq_factor", 4.0);
+    c.original_max_position_embeddings =
+        rope.value("original_max_position_embeddings", int64_t(8192));
+  } else if (c.rope_type != "default") {
+    throw UserError(
+        "'" + file + "' uses rope scaling '" + c.rope_type +
+        "'; Orchard supports the default rotary embedding and llama3 "
+        "scaling.");
+  }
+  c.dtype = dtype_of(
+      j.value("torch_dtype", j.value("dtype", std::string("float32"))), file);
+  if (c.head_dim % 2 != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    throw UserError(
+        "'" + file +
+        "' has an odd head_dim or num_attention_heads not divisible by "
+        "num_key_value_heads; the file is damaged or not a Llama-family "
+        "model.");
+  return c;
+}
+
+std::vector<std::string> normalize_target_modules(
+    const std::vector<std::string>& names) {
+  static const std::vector<std::string> all = {
+      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+      "down_proj"};
+  std::vector<std::string> out;
+  for (auto n : names) {
+    if (n == "all-linear" || n == "all_linear") {
+      out = all;
+      continue;
+    }
+    if (n.find("_proj") == std::string::npos)
+      n += "_proj";
+    if (std::find(all.begin(), all.end(), n) == all.end())
+      throw UserError(
+          "lora.target_modules names '" + n +
+          "'; the Llama-family projections are q_proj, k_proj, v_proj, "
+          "o_proj, gate_proj, up_proj and down_proj (or q, k, v, o, gate, "
+          "up, down, all-linear).");
+    if (std::find(out.begin(), out.end(), n) == out.end())
+      out.push_back(n);
+  }
+  if (out.empty())
+    throw UserError("lora.target_modules is empty; name at least one projection.");
+  return out;
+}
+
+ProjImpl::ProjImpl(torch::Tensor w, torch::Tensor b) {
+  weight = register_parameter("weight", std::move(w));
+  if (b.defined())
+    bias = register_parameter("bias", std::move(b));
+}
+
+torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
+  auto y = F::linear(x, weight, bias);
+  if (!has_lora())
+    return y;
+  const auto& A = lora_A->weight;
+  const auto& B = lora_B->weight;
+  auto h = x;
+  if (dropout > 0 && is_training())
+    h = F::dropout(h, F::DropoutFuncOptions().p(dropout).training(true));
+  auto delta = F::linear(F::linear(h.to(A.scalar_type()), A), B) * scaling;
+  if (delta.scalar_type() == y.scalar_type())
+    return y + delta;
+  return (y.to(delta.scalar_type()) + delta).to(y.scalar_type());
+}
+
+void ProjImpl::add_lora(
+    int64_t r,
+    double s,
+    double p,
+    torch::ScalarType dtype) {
+  const int64_t out = weight.size(0), in = weight.size(1);
+  auto opt = torch::TensorOptions().dtype(dtype).device(weight.device());
+  const double bound = 1.0 / std::sqrt(double(in));
+  lora_A = register_module(
+      "lora_A", Weight(torch::empty({r, in}, opt).uniform_(-bound, bound)));
+  lora_B = register_module("lora_B", Weight(torch::zeros({out, r}, opt)));
+  scaling = s;
+  dropout = p;
+}
+
+torch::Tensor ProjImpl::merged_weight() const {
+  if (!has_lora())
+    return weight.detach();
+  torch::NoGradGuard no_grad;
+  auto delta = torch::matmul(
+                   lora_B->weight.to(torch::kFloat32),
+                   lora_A->weight.to(torch::kFloat32)) *
+      scaling;
+  return (weight.to(torch::kFloat32) + delta.to(weight.device()))
+      .to(weight.scalar_type());
+}
+
+HfRmsNormImpl::HfRmsNormImpl(torch::Tensor w, double e) : eps(e) {
+  weight = register_parameter("weight", std::move(w));
+}
+
+torch::Tensor HfRmsNormImpl::forward(const torch::Tensor& x) {
+  auto x32 = x.to(torch::kFloat32);
+  x32 = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * x32.to(x.scalar_type());
+}
+
+torch::Tensor rope_inv_freq(const HfModelConfig& c) {
+  const int64_t D = c.head_dim;
+  auto inv = 1.0 /
+      torch::pow(
+          c.rope_theta, torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / double(D));
+  if (c.rope_type != "llama3")
+    return inv;
+  const double old_len = double(c.original_max_position_embeddings);
+  const double low_wavelen = old_len / c.low_freq_factor;
+  const double high_wavelen = old_len / c.high_freq_factor;
+  auto wavelen = 2 * M_PI / inv;
+  auto scaled = torch::where(wavelen > low_wavelen, inv / c.rope_factor, inv);
+  auto smooth = (old_len / wavelen - c.low_freq_factor) /
+      (c.high_freq_factor - c.low_freq_factor);
+  auto smoothed =
+      (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+LlamaImpl::LlamaImpl(
+    const HfModelConfig& c,
+    const WeightSource& get,
+    int64_t context)
+    : config(c) {
+  context_ = context > 0 ? std::min(context, c.max_position_embeddings)
+                         : c.max_position_embeddings;
+  const int64_t C = c.hidden_size, D = c.head_dim;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  auto w = [&](const std::string& name, std::vector<int64_t> shape) {
+    return get(name, shape, false);
+  };
+  auto proj = [&](const std::string& name, int64_t in, int64_t out,
+                  bool bias) {
+    return Proj(
+        w(name + ".weight", {out, in}),
+        bias ? w(name + ".bias", {out}) : torch::Tensor());
+  };
+  model = register_module("model", LlamaBody());
+  model->embed_tokens = model->register_module(
+      "embed_tokens", Weight(w("model.embed_tokens.weight", {c.vocab_size, C})));
+  model->layers = model->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    auto layer = LlamaLayer();
+    layer->self_attn =
+        layer->register_module("self_attn", LlamaAttention());
+    auto& a = *layer->self_attn;
+    a.n_head = H;
+    a.n_kv_head = Hkv;
+    a.head_dim = D;
+    a.q_proj = a.register_module(
+        "q_proj", proj(p + ".self_attn.q_proj", C, H * D, c.qkv_bias));
+    a.k_proj = a.register_module(
+        "k_proj", proj(p + ".self_attn.k_proj", C, Hkv * D, c.qkv_bias));
+    a.v_proj = a.register_module(
+        "v_proj", proj(p + ".self_attn.v_proj", C, Hkv * D, c.qkv_bias));
+    a.o_proj = a.register_module(
+        "o_proj", proj(p + ".self_attn.o_proj", H * D, C, c.o_bias));
+    layer->mlp = layer->register_module("mlp", LlamaMlp());
+    auto& m = *layer->mlp;
+    const int64_t I = c.intermediate_size;
+    m.gate_proj = m.register_module(
+        "gate_proj", proj(p + ".mlp.gate_proj", C, I, c.mlp_bias));
+    m.up_proj =
+        m.register_module("up_proj", proj(p + ".mlp.up_proj", C, I, c.mlp_bias));
+    m.down_proj = m.register_module(
+        "down_proj", proj(p + ".mlp.down_proj", I, C, c.mlp_bias));
+    layer->input_layernorm = layer->register_module(
+        "input_layernorm",
+        HfRmsNorm(w(p + ".input_layernorm.weight", {C}), c.rms_norm_eps));
+    layer->post_attention_layernorm = layer->register_module(
+        "post_attention_layernorm",
+        HfRmsNorm(
+            w(p + ".post_attention_layernorm.weight", {C}), c.rms_norm_eps));
+    model->layers->push_back(layer);
+  }
+  model->norm = model->register_module(
+      "norm", HfRmsNorm(w("model.norm.weight", {C}), c.rms_norm_eps));
+  auto head = get("lm_head.weight", {c.vocab_size, C}, c.tie_word_embeddings);
+  if (head.defined() && c.tie_word_embeddings) {
+    // A tied model saved with both keys: they hold the same values.
+    head = torch::Tensor();
+  }
+  if (!c.tie_word_embeddings)
+    lm_head = register_module("lm_head", Proj(head, torch::Tensor()));
+  // Rotary tables, float32 as transformers computes them.
+  auto inv = rope_inv_freq(c);
+  auto t = torch::arange(context_, torch::kInt64).to(torch::kFloat32);
+  auto angles = torch::outer(t, inv); // (context, D/2)
+  auto dev = model->embed_tokens->weight.device();
+  rope_cos_ = register_buffer("rope_cos", angles.cos().to(dev));
+  rope_sin_ = register_buffer("rope_sin", angles.sin().to(dev));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layer_fns_.push_back([this, i](const torch::Tensor& x) {
+      const int64_t T = x.size(1);
+      return layer_forward(
+          i, x, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T), nullptr,
+          nullptr);
+    });
+}
+
+torch::Tensor LlamaImpl::lm_weight() const {
+  return lm_head.is_empty() ? model->embed_tokens->weight : lm_head->weight;
+}
+
+torch::Tensor LlamaImpl::layer_forward(
+    int64_t i,
+    torch::Tensor x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin,
+    torch::Tensor* cache_k,
+    torch::Tensor* cache_v) {
+  auto* layer = model->layers[i]->as<LlamaLayerImpl>();
+  auto& a = *layer->self_attn;
+  const int64_t B = x.size(0), T = x.size(1);
+  auto h = layer->input_layernorm(x);
+  auto q = a.q_proj(h).view({B, T, a.n_head, a.head_dim}).transpose(1, 2);
+  auto k = a.k_proj(h).view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
+  auto v = a.v_proj(h).view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
+  auto c = cos.view({1, 1, T, -1}).to(q.scalar_type());
+  auto s = sin.view({1, 1, T, -1}).to(q.scalar_type());
+  q = rotate(q, c, s);
+  k = rotate(k, c, s);
+  if (cache_k) {
+    if (cache_k->defined()) {
+      k = torch::cat({*cache_k, k}, 2);
+      v = torch::cat({*cache_v, v}, 2);
+    }
+    *cache_k = k;
+    *cache_v = v;
+  }
+  if (a.n_kv_head != a.n_head) {
+    k = k.repeat_interleave(a.n_head / a.n_kv_head, 1);
+    v = v.repeat_interleave(a.n_head / a.n_kv_head, 1);
+  }
+  auto y = compat::causal_attention(q, k, v); // (B, H, T, D)
+  y = y.transpose(1, 2).reshape({B, T, a.n_head * a.head_dim});
+  x = x + a.o_proj(y);
+  auto& m = *layer->mlp;
+  h = layer->post_attention_layernorm(x);
+  return x + m.down_proj(torch::silu(m.gate_proj(h)) * m.up_proj(h));
+}
+
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
+  const int64_t T = idx.size(1);
+  const int64_t start = cache ? cache->length() : 0;
+  if (start + T > context_)
+    throw UserError(
+        "the sequence (" + std::to_string(start + T) +
+        " tokens) is longer than this model's context of " +
+        std::to_string(context_) + " tokens.");
+  if (config.sliding_window && start + T > *config.sliding_window)
+    throw UserError(
+        "the sequence (" + std::to_string(start + T) +
+        " tokens) is longer than the model's sliding_window (" +
+        std::to_string(*config.sliding_window) +
+        "); Orchard does not implement sliding-window attention, so keep "
+        "sequences within it (max_seq_length).");
+  if (cache && cache->k.empty()) {
+    cache->k.resize(config.num_hidden_layers);
+    cache->v.resize(config.num_hidden_layers);
+  }
+  auto cos = rope_cos_.narrow(0, start, T), sin = rope_sin_.narrow(0, start, T);
+  auto x = F::embedding(idx, model->embed_tokens->weight);
+  const bool recompute = gradient_checkpointing && is_training() && !cache &&
+      torch::GradMode::is_enabled();
+  if (recompute && !x.requires_grad())
+    // A frozen embedding (LoRA): the recomputed layers still need a graph
+    // to hand gradients to their adapters.
+    x = x.detach().requires_grad_(true);
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i)
+    x = recompute ? checkpointed(layer_fns_[size_t(i)], x)
+                  : layer_forward(
+                        i, x, cos, sin,
+                        cache ? &cache->k[size_t(i)] : nullptr,
+                        cache ? &cache->v[size_t(i)] : nullptr);
+  return model->norm(x);
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, KvCache* cache) {
+  auto h = hidden(idx, cache);
+  auto logits = lm_head.is_empty() ? F::linear(h, lm_weight()) : lm_head(h);
+  return logits.scalar_type() == torch::kFloat64 ? logits
+                                                 : logits.to(torch::kFloat32);
+}
+
+torch::Tensor LlamaImpl::loss(
+    const torch::Tensor& idx,
+    const torch::Tensor& targets) {
+  auto h = hidden(idx); // (B, T, C)
+  const int64_t C = h.size(-1);
+  auto flat = h.reshape({-1, C});
+  auto tgt = targets.reshape({-1});
+  auto counted = tgt.ne(-1).sum();
+  // Chunks of about 16M logits: at a vocabulary of 128K, 128 rows each.
+  const int64_t rows = flat.size(0);
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(rows, (int64_t(1) << 24) / config.vocab_size));
+  const bool recompute = is_training() && torch::GradMode::is_enabled();
+  loss_fns_.clear();
+  // checkpointed() keeps a pointer to its function: no reallocation.
+  loss_fns_.reserve(size_t((rows + chunk - 1) / chunk));
+  torch::Tensor total;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    auto t = tgt.narrow(0, r0, n);
+    auto fn = [this, t](const torch::Tensor& x) {
+      auto logits = lm_head.is_empty() ? F::linear(x, lm_weight()) : lm_head(x);
+      return F::cross_entropy(
+          logits.to(torch::kFloat32), t,
+          F::CrossEntropyFuncOptions().ignore_index(-1).reduction(
+              torch::kSum));
+    };
+    auto part = flat.narrow(0, r0, n);
+    torch::Tensor l;
+    if (recompute && rows > chunk) {
+      loss_fns_.push_back(fn);
+      l = checkpointed(loss_fns_.back(), part);
+    } else {
+      l = fn(part);
+    }
+    total = total.defined() ? total + l : l;
+  }
+  return total / counted.clamp_min(1).to(total.scalar_type());
+}
+
+torch::Tensor LlamaImpl::decode_batch(
+    const torch::Tensor& idx,
+    const torch::Tensor& pos,
+    BatchKvCache& cache) {
+  const int64_t B = idx.size(0), Tmax = context_;
+  if (cache.k.empty())
+    throw std::invalid_argument("[decode_batch] empty cache");
+  auto cos = rope_cos_.index_select(0, pos).view({B, 1, 1, -1});
+  auto sin = rope_sin_.index_select(0, pos).view({B, 1, 1, -1});
+  auto visible =
+      (torch::arange(Tmax, pos.options()).view({1, Tmax}) <= pos.view({B, 1}))
+          .view({B, 1, 1, Tmax});
+  auto x = F::embedding(idx.view({B, 1}), model->embed_tokens->weight);
+  using torch::indexing::Slice;
+  auto rows = torch::arange(B, pos.options());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    auto* layer = model->layers[i]->as<LlamaLayerImpl>();
+    auto& a = *layer->self_attn;
+    auto h = layer->input_layernorm(x);
+    auto q = a.q_proj(h).view({B, 1, a.n_head, a.head_dim}).transpose(1, 2);
+    auto k = a.k_proj(h).view({B, 1, a.n_kv_head, a.head_dim}).transpose(1, 2);
+    auto v = a.v_proj(h).view({B, 1, a.n_kv_head, a.head_dim});
+    auto c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
+    q = rotate(q, c, s);                   // (B, H, 1, D)
+    k = rotate(k, c, s).transpose(1, 2);   // (B, 1, Hkv, D)
+    auto& ck = cache.k[size_t(i)];
+    auto& cv = cache.v[size_t(i)];
+    ck.index_put_(
+        {rows, Slice(), pos},
+        k.reshape({B, a.n_kv_head, a.head_dim}).to(ck.scalar_type()));
+    cv.index_put_(
+        {rows, Slice(), pos},
+        v.reshape({B, a.n_kv_head, a.head_dim}).to(cv.scalar_type()));
+    auto keys = ck, values = cv;
+    if (a.n_kv_head != a.n_head) {
+      keys = keys.repeat_interleave(a.n_head / a.n_kv_head, 1);
+      values = values.repeat_interleave(a.n_head / a.n_kv_head, 1);
+    }
+    const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                        : torch::kFloat32;
+    auto scores = torch::matmul(
+                      q.to(acc), keys.transpose(-2, -1).to(acc)) /
+        std::sqrt(double(a.head_dim)); // (B, H, 1, Tmax)
+    scores = scores.masked_fill(
+        visible.logical_not(), -std::numeric_limits<float>::infinity());
+    auto y = torch::matmul(
+        torch::softmax(scores, -1).to(q.scalar_type()),
+        values.to(q.scalar_type()));
+    y = y.transpose(1, 2).reshape({B, 1, a.n_head * a.head_dim});
+    x = x + a.o_proj(y);
+    auto& m = *layer->mlp;
+    h = layer->post_attention_layernorm(x);
+    x = x + m.down_proj(torch::silu(m.gate_proj(h)) * m.up_proj(h));
+  }
+  auto h = model->norm(x);
+  auto logits = lm_head.is_empty() ? F::linear(h, lm_weight()) : lm_head(h);
+  logits = logits.view({B, -1});
+  return logits.scalar_type() == torch::kFloat64 ? logits
+                                                 : logits.to(torch::kFloat32);
+}
+
+std::vector<std::pair<std::string, Proj>> LlamaImpl::projections() const {
+  std::vector<std::pair<std::string, Proj>> out;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    auto* layer = model->layers->ptr(size_t(i))->as<LlamaLayerImpl>();
+    auto& a = *layer->self_attn;
+    auto& m = *layer->mlp;
+    out.push_back({p + ".self_attn.q_proj", a.q_proj});
+    out.push_back({p + ".self_attn.k_proj", a.k_proj});
+    out.push_back({p + ".self_attn.v_proj", a.v_proj});
+    out.push_back({p + ".self_attn.o_proj", a.o_proj});
+    out.push_back({p + ".mlp.gate_proj", m.gate_proj});
+    out.push_back({p + ".mlp.up_proj", m.up_proj});
+    out.push_back({p + ".mlp.down_proj", m.down_proj});
+  }
+  return out;
+}
+
+int64_t LlamaImpl::add_lora(const LoraSpec& spec, torch::ScalarType dtype) {
+  auto targets = normalize_target_modules(spec.target_modules);
+  if (spec.r <= 0)
+    throw UserError("lora.r must be at least 1.");
+  for (auto& p : parameters())
+    p.set_requires_grad(false);
+  int64_t added = 0;
+  for (auto& [name, proj] : projections()) {
+    const std::string leaf = name.substr(name.rfind('.') + 1);
+    if (std::find(targets.begin(), targets.end(), leaf) == targets.end())
+      continue;
+    proj->add_lora(spec.r, spec.scaling(), spec.dropout, dtype);
+    ++added;
+  }
+  return added;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> LlamaImpl::merged_state()
+    const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::map<std::string, Proj> projs;
+  for (auto& [name, p] : projections())
+    projs.emplace(name, p);
+  for (const auto& named : named_parameters()) {
+    const std::string& key = named.key();
+    if (key.find(".lora_") != std::string::npos)
+      continue;
+    const std::string owner = key.substr(0, key.rfind('.'));
+    auto it = projs.find(owner);
+    if (it != projs.end() && key.ends_with(".weight"))
+      out.push_back({key, it->second->merged_weight()});
+    else
+      out.push_back({key, named.value().detach()});
+  }
+  return out;
+}
+
+Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
+  HfModelConfig c = read_hf_config(dir);
+  // transformers' names: one model.safetensors, or shards listed in
+  // model.safetensors.index.json. Other .safetensors files in the folder
+  // (adapters, references) are not the model's.
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(index) && !fs::exists(single))
+    throw UserError(
+        "model folder '" + dir +
+        "' holds no weights: it needs model.safetensors, or shards with "
+        "model.safetensors.index.json (PyTorch .bin files are not read; "
+        "convert them with save_pretrained(safe_serialization=True)).");
+  safetensors::Reader reader = safetensors::Reader::open(
+      fs::exists(index) ? index.string() : single.string());
+  const torch::ScalarType dtype = opt.dtype.value_or(c.dtype);
+  WeightSource get = [&](const std::string& name,
+                         const std::vector<int64_t>& shape,
+                         bool optional) -> torch::Tensor {
+    if (!reader.contains(name)) {
+      if (optional)
+        return {};
+      throw UserError(
+          "model folder '" + dir + "' lacks the weight '" + name +
+          "' a " + c.architecture +
+          " needs; the files are incomplete or of another architecture.");
+    }
+    auto t = reader.get(name);
+    if (t.sizes() != torch::IntArrayRef(shape))
+      throw UserError(
+          "weight '" + name + "' in '" + dir + "' has shape " +
+          c10::str(t.sizes()) + " but config.json implies " +
+          c10::str(torch::IntArrayRef(shape)) + ".");
+    // One copy, from the mapped file to the device and dtype asked for.
+    auto out = t.to(opt.device, dtype, /*non_blocking=*/false, /*copy=*/true);
+    return out;
+  };
+  Llama model(c, get, opt.context);
+  model->config.dtype = dtype;
+  return model;
+}
+
+} // namespace orchard::models

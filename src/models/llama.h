@@ -1,0 +1,236 @@
+// Hugging Face Llama-family causal language models read from the folder
+// transformers saves: LlamaForCausalLM (Llama 2, 3, 3.1, 3.2, including
+// rope_scaling of type llama3), Qwen2ForCausalLM (biases on q, k and v) and
+// MistralForCausalLM. Module names equal the checkpoint keys
+// (model.layers.N.self_attn.q_proj.weight, ...), so a state dict goes in and
+// out unchanged, and a LoRA adapter's keys are PEFT's minus its
+// "base_model.model." prefix (models/lora.h).
+//
+// The computation follows transformers' modeling_llama.py step for step, in
+// the weights' dtype, so logits agree in float32 and in bfloat16:
+//   h = embed_tokens[ids]
+//   per layer: h += o_proj(attn(rope(q_proj(n1(h))), rope(k_proj(n1(h))),
+//                               v_proj(n1(h))))
+//              h += down_proj(silu(gate_proj(n2(h))) * up_proj(n2(h)))
+//   logits = lm_head(norm(h))  (lm_head = embed_tokens when tied)
+// RMSNorm(x) = w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype);
+// rope(x) = x * cos + rotate_half(x) * sin with angles t / theta^(2i/D),
+// the llama3 scaling rescaling the low frequencies (Meta's Llama 3.1
+// release: factor, low/high_freq_factor, original_max_position_embeddings).
+//
+// Weights are read from the mapped safetensors and copied once, to the
+// device and dtype asked for; no float32 copy of a bfloat16 model is made.
+#pragma once
+
+#include "models/language_model.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace orchard::models {
+
+struct HfModelConfig {
+  std::string architecture; // "LlamaForCausalLM"
+  std::string model_type;   // "llama"
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0;
+  int64_t num_hidden_layers = 0, num_attention_heads = 0;
+  int64_t num_key_value_heads = 0, head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000;
+  // rope_scaling: "default" or "llama3".
+  std::string rope_type = "default";
+  double rope_factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_position_embeddings = 8192;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
+  std::optional<int64_t> sliding_window; // Mistral v0.1's 4096
+  torch::ScalarType dtype = torch::kFloat32; // as stored
+  nlohmann::json raw;                        // config.json as read
+};
+
+// Architectures Orchard reads, for messages.
+std::string supported_architectures();
+
+// config.json of a model folder (transformers 4.x and 5.x spellings: rope
+// settings in rope_theta/rope_scaling or in rope_parameters; torch_dtype or
+// dtype). UserError for a missing or malformed file, an architecture not
+// supported (listing those that are), an activation other than silu or
+// inconsistent sizes.
+HfModelConfig read_hf_config(const std::string& model_dir);
+
+// Which linear layers get LoRA adapters, their rank, alpha and dropout.
+struct LoraSpec {
+  int64_t r = 16;
+  double alpha = 32;
+  double dropout = 0.0;
+  bool rslora = false; // scaling alpha / sqrt(r) (Kalajdzievski 2023)
+  // Module names (q_proj, ...); "q", "k", "v", "o", "gate", "up", "down"
+  // are accepted for short.
+  std::vector<std::string> target_modules = {
+      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+      "down_proj"};
+  double scaling() const {
+    return rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
+  }
+};
+
+// The projection names LoRA can target; UserError for another name.
+std::vector<std::string> normalize_target_modules(
+    const std::vector<std::string>& names);
+
+// A holder of one parameter named "weight" (embeddings, norms, LoRA's A
+// and B), so checkpoint keys come out as "...lora_A.weight".
+struct WeightImpl : torch::nn::Module {
+  explicit WeightImpl(torch::Tensor w) {
+    weight = register_parameter("weight", std::move(w));
+  }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Weight);
+
+// A linear layer y = x W^T + b, with an optional LoRA branch
+// + scaling * B(A(dropout(x))) computed in the adapters' dtype (PEFT's
+// order of operations: the input is cast to the adapter dtype and the sum
+// is cast back).
+struct ProjImpl : torch::nn::Module {
+  ProjImpl(torch::Tensor w, torch::Tensor b);
+  torch::Tensor forward(const torch::Tensor& x);
+  // A (r, in) from PEFT's default init (Kaiming-uniform, a = sqrt(5):
+  // U(-1/sqrt(in), 1/sqrt(in))), B (out, r) zero, in `dtype` on the
+  // weight's device; drawn from the current torch seed.
+  void add_lora(
+      int64_t r,
+      double scaling,
+      double dropout,
+      torch::ScalarType dtype);
+  bool has_lora() const {
+    return !lora_A.is_empty();
+  }
+  // W + scaling * B A in W's dtype (the merged weight).
+  torch::Tensor merged_weight() const;
+  torch::Tensor weight, bias;
+  Weight lora_A{nullptr}, lora_B{nullptr};
+  double scaling = 0, dropout = 0;
+};
+TORCH_MODULE(Proj);
+
+struct HfRmsNormImpl : torch::nn::Module {
+  HfRmsNormImpl(torch::Tensor w, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(HfRmsNorm);
+
+struct LlamaAttentionImpl : torch::nn::Module {
+  int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
+  Proj q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+TORCH_MODULE(LlamaAttention);
+
+struct LlamaMlpImpl : torch::nn::Module {
+  Proj gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+struct LlamaLayerImpl : torch::nn::Module {
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+  HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaLayer);
+
+struct LlamaBodyImpl : torch::nn::Module {
+  Weight embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  HfRmsNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+// Supplies each weight by checkpoint key with its expected shape; returns
+// an undefined tensor for an optional one (lm_head when tied) it lacks.
+using WeightSource = std::function<torch::Tensor(
+    const std::string& name,
+    const std::vector<int64_t>& shape,
+    bool optional)>;
+
+struct LlamaImpl : LanguageModel {
+  // `context`: the longest sequence this instance handles (rotary tables,
+  // generation caches); 0 = max_position_embeddings.
+  LlamaImpl(const HfModelConfig& config, const WeightSource& weights,
+            int64_t context);
+
+  torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr)
+      override;
+  torch::Tensor decode_batch(
+      const torch::Tensor& idx,
+      const torch::Tensor& pos,
+      BatchKvCache& cache) override;
+  // Cross-entropy computed over chunks of rows whose logits are recomputed
+  // in the backward, so the (B*T, V) float32 logits never exist at once.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
+      override;
+  int64_t max_seq_len() const override {
+    return context_;
+  }
+  int64_t vocab_size() const override {
+    return config.vocab_size;
+  }
+
+  // The last hidden states (B, T, C), after the final norm.
+  torch::Tensor hidden(const torch::Tensor& idx, KvCache* cache = nullptr);
+  torch::Tensor lm_weight() const; // lm_head's, or embed_tokens' when tied
+
+  // Adds adapters to every projection named in spec.target_modules (dtype:
+  // the adapters'), freezes everything else. Returns how many were added.
+  int64_t add_lora(const LoraSpec& spec, torch::ScalarType dtype);
+  // Every projection, by its module path ("model.layers.0.self_attn.q_proj").
+  std::vector<std::pair<std::string, Proj>> projections() const;
+  // The weights with adapters folded in, under the checkpoint keys, in the
+  // model's dtype (lm_head omitted when tied).
+  std::vector<std::pair<std::string, torch::Tensor>> merged_state() const;
+
+  HfModelConfig config;
+  bool gradient_checkpointing = false;
+  LlamaBody model{nullptr};
+  Proj lm_head{nullptr}; // null when tied to model.embed_tokens
+
+ private:
+  torch::Tensor layer_forward(
+      int64_t i,
+      torch::Tensor x,
+      const torch::Tensor& cos,
+      const torch::Tensor& sin,
+      torch::Tensor* cache_k,
+      torch::Tensor* cache_v);
+  int64_t context_ = 0;
+  torch::Tensor rope_cos_, rope_sin_; // (context, D/2) float32
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> layer_fns_;
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> loss_fns_;
+};
+TORCH_MODULE(Llama);
+
+// The rotary inverse frequencies (D/2) in float32, with llama3 scaling when
+// the config asks for it (transformers' _compute_llama3_parameters).
+torch::Tensor rope_inv_freq(const HfModelConfig& c);
+
+struct LoadOptions {
+  torch::Device device{torch::kCPU};
+  // The dtype the weights are held in; nullopt = as stored.
+  std::optional<torch::ScalarType> dtype;
+  int64_t context = 4096; // 0: the model's max_position_embeddings
+};
+
+// Reads config.json and the safetensors (one file or shards) of a model
+// folder. UserError naming the folder for anything missing or mismatched.
+Llama load_hf_model(const std::string& model_dir, const LoadOptions& opt);
+
+} // namespace orchard::models

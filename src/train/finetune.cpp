@@ -1,0 +1,573 @@
+#include "train/finetune.h"
+
+#include "core/error.h"
+#include "core/machine.h"
+#include "data/chat_file.h"
+#include "data/loader.h"
+#include "models/lora.h"
+#include "train/memory_plan.h"
+#include "train/precision.h"
+#include "train/pretrain.h"
+#include "train/stage_data.h"
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+namespace orchard::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+size_t dtype_bytes(torch::ScalarType t) {
+  return t == torch::kFloat32 ? 4 : t == torch::kFloat64 ? 8 : 2;
+}
+
+std::string dtype_label(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? "bfloat16"
+      : t == torch::kFloat16   ? "float16"
+                               : "float32";
+}
+
+int64_t lora_parameter_count(
+    const models::HfModelConfig& m,
+    const models::LoraSpec& spec) {
+  auto targets = models::normalize_target_modules(spec.target_modules);
+  const int64_t C = m.hidden_size, I = m.intermediate_size;
+  const int64_t q = m.num_attention_heads * m.head_dim;
+  const int64_t kv = m.num_key_value_heads * m.head_dim;
+  int64_t per_layer = 0;
+  for (const auto& t : targets) {
+    int64_t in = C, out = C;
+    if (t == "q_proj")
+      out = q;
+    else if (t == "k_proj" || t == "v_proj")
+      out = kv;
+    else if (t == "o_proj")
+      in = q;
+    else if (t == "gate_proj" || t == "up_proj")
+      out = I;
+    else if (t == "down_proj")
+      in = I;
+    per_layer += spec.r * (in + out);
+  }
+  return per_layer * m.num_hidden_layers;
+}
+
+int64_t model_parameter_count(const models::HfModelConfig& m) {
+  const int64_t C = m.hidden_size, I = m.intermediate_size;
+  const int64_t q = m.num_attention_heads * m.head_dim;
+  const int64_t kv = m.num_key_value_heads * m.head_dim;
+  const int64_t layer = C * q * 2 + C * kv * 2 + 3 * C * I + 2 * C;
+  return m.num_hidden_layers * layer + m.vocab_size * C *
+      (m.tie_word_embeddings ? 1 : 2) + C;
+}
+
+models::LoraSpec lora_spec(const FinetuneConfig& cfg) {
+  models::LoraSpec s;
+  s.r = cfg.lora_r;
+  s.alpha = cfg.lora_alpha;
+  s.dropout = cfg.lora_dropout;
+  s.target_modules = models::normalize_target_modules(cfg.lora_target_modules);
+  return s;
+}
+
+} // namespace
+
+bool is_finetune_stage(const std::string& stage) {
+  return stage == "lora" || stage == "full";
+}
+
+const config::Schema& finetune_schema() {
+  using config::field;
+  using C = FinetuneConfig;
+  static const config::Schema schema = [] {
+    config::Schema s("fine-tuning");
+    s.add({.key = "stage",
+           .access = field(&C::stage),
+           .help = "lora (adapters on a frozen base) or full (every weight)",
+           .choices = {"lora", "full"}});
+    s.add({.key = "model",
+           .access = field(&C::model),
+           .help = "the Hugging Face model folder (config.json, "
+                   "*.safetensors, tokenizer.json)",
+           .aliases = {"model_name_or_path", "base_model"}});
+    s.add({.key = "data",
+           .access = field(&C::data),
+           .help = "JSONL files or folders: chat messages, ShareGPT, "
+                   "prompt/completion or text; every 20th record validates",
+           .aliases = {"dataset", "train_file", "chat_data"}});
+    s.add({.key = "data_dir",
+           .access = field(&C::data_dir),
+           .help = "where tokenized data is cached (\"\": $ORCHARD_HOME)"});
+    s.add({.key = "lora.r",
+           .access = field(&C::lora_r),
+           .help = "adapter rank (16)",
+           .aliases = {"lora_r", "r"},
+           .min = 1,
+           .max = 4096});
+    s.add({.key = "lora.alpha",
+           .access = field(&C::lora_alpha),
+           .help = "adapter scale numerator: updates are scaled by alpha / r "
+                   "(32)",
+           .aliases = {"lora_alpha"},
+           .min = 0});
+    s.add({.key = "lora.dropout",
+           .access = field(&C::lora_dropout),
+           .help = "dropout on the adapters' input (0)",
+           .aliases = {"lora_dropout"},
+           .min = 0,
+           .max = 0.9});
+    s.add({.key = "lora.target_modules",
+           .access = field(&C::lora_target_modules),
+           .help = "projections that get adapters ([q_proj, k_proj, v_proj, "
+                   "o_proj, gate_proj, up_proj, down_proj]; short names "
+                   "and all-linear work)",
+           .aliases = {"target_modules", "lora_target_modules"}});
+    s.add({.key = "max_seq_length",
+           .access = field(&C::max_seq_length),
+           .help = "tokens per row; longer conversations are truncated (1024)",
+           .aliases = {"max_seq_len", "max_length"},
+           .min = 8});
+    s.add({.key = "device_batch_size",
+           .access = field(&C::device_batch_size),
+           .help = "rows per micro-step (auto: the largest the memory "
+                   "estimate fits, up to 16)",
+           .env = "DEVICE_BATCH_SIZE",
+           .aliases = {"per_device_train_batch_size", "batch_size"},
+           .min = 1});
+    s.add({.key = "gradient_accumulation_steps",
+           .access = field(&C::gradient_accumulation_steps),
+           .help = "micro-steps per optimizer step (1)",
+           .aliases = {"grad_accum"},
+           .min = 1});
+    s.add({.key = "pack",
+           .access = field(&C::pack),
+           .help = "pack whole conversations back to back in each row "
+                   "(true) or one padded conversation per row (false)",
+           .aliases = {"packing"}});
+    s.add({.key = "num_train_epochs",
+           .access = field(&C::num_train_epochs),
+           .help = "passes over the training data (1; a fraction works)",
+           .aliases = {"epochs"},
+           .min = 0.0001});
+    s.add({.key = "max_steps",
+           .access = field(&C::max_steps),
+           .help = "optimizer steps; wins over num_train_epochs",
+           .aliases = {"num_iterations", "iters"},
+           .min = 1});
+    s.add({.key = "learning_rate",
+           .access = field(&C::learning_rate),
+           .help = "peak learning rate (auto: 2e-4 lora, 1e-5 full)",
+           .aliases = {"lr"},
+           .min = 0});
+    s.add({.key = "weight_decay",
+           .access = field(&C::weight_decay),
+           .help = "AdamW weight decay (0)",
+           .min = 0});
+    s.add({.key = "warmup_steps",
+           .access = field(&C::warmup_steps),
+           .help = "linear warmup steps (0)",
+           .min = 0});
+    s.add({.key = "warmdown_ratio",
+           .access = field(&C::warmdown_ratio),
+           .help = "share of the run over which the rate decays linearly to "
+                   "zero (1: transformers' linear schedule; 0: constant)",
+           .min = 0,
+           .max = 1});
+    s.add({.key = "max_grad_norm",
+           .access = field(&C::max_grad_norm),
+           .help = "gradient clipping norm (1; 0 = off)",
+           .aliases = {"grad_clip"},
+           .min = 0});
+    s.add({.key = "optim",
+           .access = field(&C::optim),
+           .help = "optimizer: adamw_torch (AdamW)",
+           .choices = {"adamw_torch", "adamw"}});
+    s.add({.key = "adam_beta1", .access = field(&C::adam_beta1), .help = "0.9", .min = 0, .max = 1});
+    s.add({.key = "adam_beta2", .access = field(&C::adam_beta2), .help = "0.999", .min = 0, .max = 1});
+    s.add({.key = "adam_epsilon", .access = field(&C::adam_epsilon), .help = "1e-8", .min = 0});
+    s.add({.key = "dtype",
+           .access = field(&C::dtype),
+           .help = "lora: the frozen base's dtype; full: autocast's (auto: "
+                   "bfloat16 on CUDA 8.0+ and MPS, else float32)",
+           .choices = {"auto", "float32", "bfloat16", "float16"}});
+    s.add({.key = "fp16", .access = field(&C::fp16), .help = "transformers' switch: dtype=float16"});
+    s.add({.key = "bf16", .access = field(&C::bf16), .help = "transformers' switch: dtype=bfloat16"});
+    s.add({.key = "gradient_checkpointing",
+           .access = field(&C::gradient_checkpointing),
+           .help = "recompute each layer in the backward instead of keeping "
+                   "its activations (true)"});
+    s.add({.key = "memory_fraction",
+           .access = field(&C::memory_fraction),
+           .help = "share of usable memory the batch estimate fills (0.8)",
+           .min = 0.05,
+           .max = 1});
+    s.add({.key = "run",
+           .access = field(&C::run),
+           .help = "run name (\"\": the model folder's name); the run folder "
+                   "is runs/<stage>/<run>"});
+    s.add({.key = "run_dir",
+           .access = field(&C::run_dir),
+           .help = "the run folder itself (\"\": runs/<stage>/<run>)",
+           .aliases = {"output_dir"}});
+    s.add({.key = "resume",
+           .access = field(&C::resume),
+           .help = "auto (the run's newest checkpoint), never, or a "
+                   "checkpoint folder"});
+    s.add({.key = "save_steps",
+           .access = field(&C::save_steps),
+           .help = "steps between checkpoints (100)",
+           .aliases = {"save_every"},
+           .min = 1});
+    s.add({.key = "save_total_limit",
+           .access = field(&C::save_total_limit),
+           .help = "checkpoints kept (3; 0 = all)",
+           .min = 0});
+    s.add({.key = "eval_steps",
+           .access = field(&C::eval_steps),
+           .help = "steps between validation losses (100)",
+           .aliases = {"eval_every"},
+           .min = 1});
+    s.add({.key = "eval_tokens",
+           .access = field(&C::eval_tokens),
+           .help = "tokens of held-out records per evaluation (16384)",
+           .min = 1});
+    s.add({.key = "seed", .access = field(&C::seed), .help = "42"});
+    return s;
+  }();
+  return schema;
+}
+
+torch::ScalarType finetune_dtype(
+    const FinetuneConfig& cfg,
+    const DeviceInfo& device) {
+  std::string d = cfg.dtype;
+  if (cfg.fp16 && cfg.bf16)
+    throw UserError("fp16=true and bf16=true together; choose one.");
+  if (cfg.fp16 || cfg.bf16) {
+    const std::string want = cfg.fp16 ? "float16" : "bfloat16";
+    if (d != "auto" && d != want)
+      throw UserError(
+          (cfg.fp16 ? "fp16=true" : "bf16=true") +
+          std::string(" contradicts dtype=") + d + "; set one of them.");
+    d = want;
+  }
+  if (d == "float32")
+    return torch::kFloat32;
+  if (d == "bfloat16")
+    return torch::kBFloat16;
+  if (d == "float16")
+    return torch::kFloat16;
+  if (device.kind == "mps")
+    return torch::kBFloat16;
+  if (device.kind == "cuda" &&
+      (device.compute_capability == 0 || device.compute_capability >= 80))
+    return torch::kBFloat16;
+  return torch::kFloat32;
+}
+
+FinetuneMemory finetune_memory(
+    const models::HfModelConfig& m,
+    const FinetuneConfig& cfg,
+    torch::ScalarType base_dtype,
+    int64_t B) {
+  FinetuneMemory r;
+  const bool lora = cfg.stage == "lora";
+  const double b = double(dtype_bytes(lora ? base_dtype : torch::kFloat32));
+  const double act_b = double(dtype_bytes(base_dtype));
+  const double params = double(model_parameter_count(m));
+  const double T = double(cfg.max_seq_length), C = double(m.hidden_size);
+  const double I = double(m.intermediate_size), L = double(m.num_hidden_layers);
+  r.weights = params * b;
+  const double trained = lora ? double(lora_parameter_count(m, lora_spec(cfg))) : params;
+  if (lora)
+    r.trainable = trained * 4;
+  r.gradients = trained * 4;
+  r.optimizer = trained * 8;
+  // Per token and layer, what the backward keeps: the norms' float32
+  // inputs, q/k/v and their rotations, attention output, the MLP's four
+  // intermediate vectors; LoRA adds its float32 copies of each input.
+  const double kv = double(m.num_key_value_heads * m.head_dim);
+  const double layer = (2 * C * 4) + (4 * C + 4 * kv) * act_b + 5 * I * act_b +
+      (lora ? (6 * C + I) * 4 : 0.0);
+  const double tokens = double(B) * T;
+  r.activations = cfg.gradient_checkpointing
+      ? tokens * (L * C * act_b + layer) // layer inputs + one recomputed
+      : tokens * L * layer;
+  // The loss: chunks of 2^24 logits in float32 (logits, softmax, gradient)
+  // plus the final hidden states in float32.
+  const double rows = std::min(tokens, std::floor(double(1 << 24) / double(m.vocab_size)));
+  r.logits = rows * double(m.vocab_size) * (act_b + 12) + tokens * C * 4;
+  r.workspace = 0.05 * r.weights + 256.0 * (1 << 20);
+  return r;
+}
+
+FinetuneResult run_finetune(
+    const FinetuneConfig& cfg,
+    const config::Origins& origins,
+    const DeviceInfo& device) {
+  (void)origins;
+  const torch::Device dev = device.device;
+  const bool lora = cfg.stage == "lora";
+  if (cfg.model.empty())
+    throw UserError(
+        "stage=" + cfg.stage +
+        " needs model=DIR, the folder of a Hugging Face model (config.json, "
+        "*.safetensors, tokenizer.json).");
+  if (cfg.data.empty())
+    throw UserError(
+        "stage=" + cfg.stage +
+        " needs data=FILE (or a folder, or [a.jsonl, b.jsonl]): chat JSONL "
+        "{\"messages\": [...]}, {\"prompt\", \"completion\"} or {\"text\"}.");
+  models::HfModelConfig mc = models::read_hf_config(cfg.model);
+  const torch::ScalarType dtype = finetune_dtype(cfg, device);
+  Precision precision;
+  if (lora) {
+    // The model computes in its weights' dtype (no autocast); float16
+    // activations need loss scaling.
+    precision.compute = torch::kFloat32;
+    precision.loss_scaling = dtype == torch::kFloat16;
+    precision.name = dtype_label(dtype) + " base (frozen), float32 adapters";
+    precision.why = cfg.dtype == "auto" && !cfg.fp16 && !cfg.bf16
+        ? "auto: " + device.kind
+        : "asked for";
+  } else {
+    precision = resolve_precision(
+        cfg.fp16 ? "float16" : cfg.bf16 ? "bfloat16" : cfg.dtype, device);
+  }
+  const int64_t T = cfg.max_seq_length;
+  if (mc.sliding_window && T > *mc.sliding_window)
+    throw UserError(
+        "max_seq_length=" + std::to_string(T) + " is longer than the model's "
+        "sliding_window (" + std::to_string(*mc.sliding_window) +
+        "); lower max_seq_length.");
+  if (T > mc.max_position_embeddings)
+    throw UserError(
+        "max_seq_length=" + std::to_string(T) + " is longer than the model's "
+        "max_position_embeddings (" +
+        std::to_string(mc.max_position_embeddings) + ").");
+
+  FinetuneResult result;
+  const std::string name = !cfg.run.empty()
+      ? cfg.run
+      : fs::path(cfg.model).lexically_normal().filename().string().empty()
+      ? fs::path(cfg.model).lexically_normal().parent_path().filename().string()
+      : fs::path(cfg.model).lexically_normal().filename().string();
+  result.run_dir =
+      !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
+  fs::create_directories(result.run_dir);
+  RunLog log(result.run_dir + "/train.log");
+  config::write_yaml(
+      result.run_dir + "/config.yaml", finetune_schema(), const_cast<FinetuneConfig*>(&cfg), origins);
+
+  // Data: the model's tokenizer and chat template; cached by content.
+  PretrainConfig pc;
+  pc.data_dir = cfg.data_dir;
+  pc.chat_data = cfg.data;
+  pc.max_seq_len = T;
+  ChatData chats = prepare_chat_data(pc, cfg.model, [&](const std::string& s) { log(s); });
+  auto train_file = std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
+  auto val_file = std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
+
+  // Batch: as given, or the largest of 1, 2, 4, 8, 16 the estimate fits.
+  const MemoryBudget budget = memory_budget(device, cfg.memory_fraction);
+  int64_t B = cfg.device_batch_size.value_or(1);
+  std::string batch_why = "as set";
+  if (!cfg.device_batch_size) {
+    batch_why = "auto: the largest of 1-16 whose estimated peak fits " +
+        format_mb(double(budget.bytes)) + " (" + budget.why + ")";
+    for (int64_t b = 16; b >= 1; b /= 2)
+      if (finetune_memory(mc, cfg, dtype, b).total() <= double(budget.bytes) || b == 1) {
+        B = b;
+        break;
+      }
+  }
+  const FinetuneMemory est = finetune_memory(mc, cfg, dtype, B);
+  if (est.total() > double(budget.bytes))
+    log("Warning: the estimated peak " + format_mb(est.total()) +
+        " is above the budget " + format_mb(double(budget.bytes)) +
+        " even at device_batch_size=" + std::to_string(B) +
+        "; lower max_seq_length, keep gradient_checkpointing=true" +
+        (lora && dtype == torch::kFloat32 ? ", use dtype=bfloat16" : "") +
+        ", or use a smaller model.");
+  const int64_t accum = cfg.gradient_accumulation_steps;
+  const int64_t rows_per_epoch = cfg.pack
+      ? std::max<int64_t>(1, int64_t(train_file->total_tokens()) / T)
+      : int64_t(train_file->size());
+  const int64_t total = cfg.max_steps
+      ? *cfg.max_steps
+      : std::max<int64_t>(
+            1,
+            int64_t(std::ceil(
+                cfg.num_train_epochs.value_or(1.0) * double(rows_per_epoch) /
+                double(B * accum))));
+
+  // The model.
+  torch::manual_seed(uint64_t(cfg.seed));
+  models::LoadOptions lo;
+  lo.device = dev;
+  lo.dtype = lora ? dtype : torch::kFloat32;
+  lo.context = T;
+  log("Loading " + mc.architecture + " from " + cfg.model + " (" +
+      dtype_label(*lo.dtype) + " weights on " + device.name + ")...");
+  models::Llama model = models::load_hf_model(cfg.model, lo);
+  model->gradient_checkpointing = cfg.gradient_checkpointing;
+  const models::LoraSpec spec = lora_spec(cfg);
+  if (lora)
+    model->add_lora(spec, torch::kFloat32);
+  model->train();
+  std::vector<std::pair<std::string, torch::Tensor>> trained;
+  for (const auto& p : model->named_parameters()) {
+    result.parameters += p.value().numel();
+    if (p.value().requires_grad()) {
+      trained.push_back({p.key(), p.value()});
+      result.trainable_parameters += p.value().numel();
+    }
+  }
+  const double lr = cfg.learning_rate.value_or(lora ? 2e-4 : 1e-5);
+  std::vector<ParamGroup> groups = {
+      {.name = lora ? "adapters" : "weights",
+       .params = trained,
+       .lr = lr,
+       .weight_decay = cfg.weight_decay,
+       .muon = false}};
+  OptimizerOptions oo;
+  oo.adam_beta1 = cfg.adam_beta1;
+  oo.adam_beta2 = cfg.adam_beta2;
+  oo.adam_eps = cfg.adam_epsilon;
+  Optimizers optimizers(std::move(groups), oo);
+
+  const uint32_t pad_id = 0; // padding is never a target
+  auto loader = std::make_shared<data::ChatBatcher>(
+      *train_file, B, T, cfg.pack, pad_id, true, uint64_t(cfg.seed));
+  TrainingTask task;
+  task.model = model.ptr();
+  task.micro_step = [&, loader] {
+    auto b = loader->next();
+    auto y = torch::where(b.loss_mask > 0, b.y, torch::full_like(b.y, -1));
+    return model->loss(b.x.to(dev), y.to(dev));
+  };
+  task.evaluate = [&, val_file] {
+    data::ChatBatcher val(*val_file, B, T, cfg.pack, pad_id, false, 0);
+    double nats = 0, count = 0;
+    int64_t seen = 0;
+    do {
+      auto b = val.next();
+      if (val.state().epoch > 0)
+        break;
+      auto y = torch::where(b.loss_mask > 0, b.y, torch::full_like(b.y, -1));
+      const double n = double(y.ne(-1).sum().item<int64_t>());
+      if (n > 0)
+        nats += model->loss(b.x.to(dev), y.to(dev)).item<double>() * n;
+      count += n;
+      seen += B * T;
+    } while (seen < cfg.eval_tokens);
+    if (count == 0)
+      throw UserError(
+          "the held-out records of " + chats.val +
+          " have no answer tokens to evaluate; check the data.");
+    const double loss = nats / count;
+    return EvalResult{loss, {}, "val loss on held-out answers " + fmt("%.4f", loss)};
+  };
+  task.data_state = [loader] {
+    auto s = loader->state();
+    return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+  };
+  task.restore_data = [loader](const nlohmann::json& j) {
+    data::LoaderState s;
+    s.epoch = j.at("epoch").get<uint64_t>();
+    s.step = j.at("step").get<uint64_t>();
+    loader->restore(s);
+  };
+  task.describe = {
+      {"stage", cfg.stage},
+      {"model_dir", fs::absolute(cfg.model).string()},
+      {"architecture", mc.architecture}};
+  if (lora)
+    task.describe["lora"] = {
+        {"r", spec.r},
+        {"alpha", spec.alpha},
+        {"dropout", spec.dropout},
+        {"target_modules", spec.target_modules}};
+
+  TrainerOptions to{
+      .run_dir = result.run_dir,
+      .device = dev,
+      .precision = precision,
+      .total_steps = total,
+      .micro_batch = B,
+      .grad_accum = accum,
+      .tokens_per_step = B * accum * T,
+      .grad_clip = cfg.max_grad_norm,
+      .warmup_steps = cfg.warmup_steps,
+      .warmdown_ratio = cfg.warmdown_ratio,
+      .eval_every = cfg.eval_steps,
+      .sample_every = 0,
+      .save_every = cfg.save_steps,
+      .save_total_limit = cfg.save_total_limit,
+      .resume = cfg.resume};
+  Trainer trainer(to, task, optimizers, log);
+  const int64_t start = trainer.resume();
+  if (start < total) {
+    log("Stage: " + cfg.stage + " fine-tuning of " + cfg.model + " (" +
+        mc.architecture + ", " + std::to_string(mc.num_hidden_layers) +
+        " layers, width " + std::to_string(mc.hidden_size) + ")");
+    log("Data: " + chats.description + " (" +
+        std::to_string(train_file->size()) + " train, " +
+        std::to_string(val_file->size()) + " held-out records)");
+    log("Parameters: " + std::to_string(result.trainable_parameters) +
+        " trained of " + std::to_string(result.parameters) +
+        (lora ? " (LoRA r=" + std::to_string(spec.r) + ", alpha " +
+                    fmt("%g", spec.alpha) + ", on " +
+                    std::to_string(spec.target_modules.size()) +
+                    " projection kinds)"
+              : std::string(" (full)")));
+    log("Precision: " + precision.name + " (" + precision.why + ")");
+    log("Memory estimate: " + format_mb(est.total()) + " (weights " +
+        format_mb(est.weights) + ", trained weights + gradients + AdamW " +
+        format_mb(est.trainable + est.gradients + est.optimizer) +
+        ", activations " + format_mb(est.activations) + ", loss " +
+        format_mb(est.logits) + "); budget " + format_mb(double(budget.bytes)));
+    log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
+        " tokens per micro-step (" + batch_why + ")" +
+        (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +
+        std::to_string(accum) + " accumulation step(s); " +
+        std::to_string(total) + " steps; run folder " + result.run_dir);
+  }
+  TrainerResult tr = trainer.run();
+  result.step = tr.step;
+  result.total = total;
+  result.interrupted = tr.interrupted;
+  result.already_done = tr.already_done;
+  result.train_seconds = tr.train_seconds;
+  result.peak_memory_bytes = tr.peak_memory_bytes;
+  result.val_loss = tr.final_eval.loss;
+  result.micro_batch = tr.micro_batch;
+  if (tr.interrupted)
+    return result;
+  // The result in the formats other tools read, from the final weights.
+  if (lora) {
+    result.output_dir = result.run_dir + "/adapter";
+    models::save_adapter(model, spec, result.output_dir, fs::absolute(cfg.model).string());
+  } else {
+    result.output_dir = result.run_dir + "/model";
+    models::write_merged_model(model, cfg.model, result.output_dir);
+  }
+  if (!tr.already_done)
+    log("Done: step " + std::to_string(total) +
+        ", validation loss on held-out answers " + fmt("%.4f", result.val_loss) +
+        ". " + (lora ? "Adapter (PEFT format): " : "Model folder: ") +
+        result.output_dir);
+  return result;
+}
+
+} // namespace orchard::train

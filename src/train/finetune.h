@@ -1,0 +1,117 @@
+// Fine-tuning a Hugging Face model folder: `orchard train stage=lora` (the
+// base frozen in bfloat16, float16 or float32; LoRA adapters trained in
+// float32 and saved in PEFT's format) and `stage=full` (every weight
+// trained, float32 master weights under autocast).
+//
+// The keys users know from transformers' TrainingArguments and the Apple
+// Silicon guides are accepted under their names (per_device_train_batch_size,
+// gradient_accumulation_steps, num_train_epochs, max_seq_length, fp16, bf16,
+// gradient_checkpointing, optim, save_steps, save_total_limit, learning_rate,
+// ...). Data: chat JSONL (OpenAI messages or ShareGPT) rendered with the
+// model's chat template and trained on the assistant's tokens only;
+// prompt/completion and text records too (data/chat_prep.h).
+//
+// The run folder is runs/<stage>/<run>: checkpoints (adapters or weights,
+// optimizer, data position) resume exactly as base training does; at the end
+// runs/lora/<run>/adapter/ holds the PEFT adapter and runs/full/<run>/model/
+// a model folder transformers loads.
+#pragma once
+
+#include "core/config.h"
+#include "core/device.h"
+#include "models/llama.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace orchard::train {
+
+struct FinetuneConfig {
+  std::string stage = "lora"; // lora | full
+  std::string model;          // a Hugging Face model folder
+  std::vector<std::string> data; // JSONL files or folders
+  std::string data_dir; // "": $ORCHARD_HOME (tokenized data is cached there)
+
+  int64_t lora_r = 16;
+  double lora_alpha = 32;
+  double lora_dropout = 0.0;
+  std::vector<std::string> lora_target_modules = {
+      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+      "down_proj"};
+
+  int64_t max_seq_length = 1024;
+  std::optional<int64_t> device_batch_size; // auto: the memory estimate's
+  int64_t gradient_accumulation_steps = 1;
+  bool pack = true; // whole conversations back to back in each row
+  std::optional<double> num_train_epochs; // default 1 when max_steps unset
+  std::optional<int64_t> max_steps;
+
+  std::optional<double> learning_rate; // auto: 2e-4 lora, 1e-5 full
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;
+  double warmdown_ratio = 1.0; // transformers' linear decay to zero
+  double max_grad_norm = 1.0;
+  std::string optim = "adamw_torch";
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+
+  // lora: the base weights' dtype; full: autocast's (weights stay float32).
+  // auto: bfloat16 on CUDA (compute capability 8+) and MPS, float32 on
+  // the CPU and older GPUs. fp16 / bf16 are transformers' switches.
+  std::string dtype = "auto";
+  bool fp16 = false, bf16 = false;
+  bool gradient_checkpointing = true;
+  double memory_fraction = 0.8;
+
+  std::string run; // "": the model folder's name
+  std::string run_dir;
+  std::string resume = "auto";
+  int64_t save_steps = 100;
+  int64_t save_total_limit = 3;
+  int64_t eval_steps = 100;
+  int64_t eval_tokens = 16384;
+  int64_t seed = 42;
+};
+
+const config::Schema& finetune_schema();
+
+// Whether a stage name belongs to fine-tuning (lora, full).
+bool is_finetune_stage(const std::string& stage);
+
+struct FinetuneResult {
+  std::string run_dir, output_dir; // adapter/ or model/
+  int64_t step = 0, total = 0;
+  double val_loss = 0;
+  bool interrupted = false, already_done = false;
+  double train_seconds = 0;
+  uint64_t peak_memory_bytes = 0;
+  int64_t micro_batch = 0, trainable_parameters = 0, parameters = 0;
+};
+
+// A LoRA or full fine-tuning run's memory, in bytes (base weights, trainable
+// weights, gradients, AdamW state, activations of B x T tokens with or
+// without checkpointing, the loss's logits chunks, a workspace margin).
+struct FinetuneMemory {
+  double weights = 0, trainable = 0, gradients = 0, optimizer = 0;
+  double activations = 0, logits = 0, workspace = 0;
+  double total() const {
+    return weights + trainable + gradients + optimizer + activations +
+        logits + workspace;
+  }
+};
+FinetuneMemory finetune_memory(
+    const models::HfModelConfig& model,
+    const FinetuneConfig& cfg,
+    torch::ScalarType base_dtype,
+    int64_t micro_batch);
+
+// The base weights' dtype for `cfg` on `device` (see FinetuneConfig::dtype).
+torch::ScalarType finetune_dtype(const FinetuneConfig& cfg, const DeviceInfo& device);
+
+FinetuneResult run_finetune(
+    const FinetuneConfig& cfg,
+    const config::Origins& origins,
+    const DeviceInfo& device);
+
+} // namespace orchard::train
