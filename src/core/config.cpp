@@ -202,8 +202,9 @@ void assign(
   std::string near = schema.nearest(key);
   if (!near.empty())
     msg += "; did you mean '" + near + "'?";
-  msg +=
-      "\n  `orchard config --help` lists every " + schema.what() + " option.";
+  msg += schema.what() == "fine-tuning"
+      ? "\n  `orchard config stage=lora` prints every fine-tuning key."
+      : "\n  `orchard config --help` lists every " + schema.what() + " option.";
   throw UserError(msg);
 }
 

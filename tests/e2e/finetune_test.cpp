@@ -1,0 +1,200 @@
+// `orchard train stage=lora|full`, `orchard lora merge` and `--model/--adapter`
+// from the command line, on the tiny Llama that transformers made
+// (tests/fixtures/hf/llama, with its byte-level BPE and Llama 3 template).
+#include "core/safetensors.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace orchard {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_orchard;
+using test::TempDir;
+
+const std::string kLlama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
+
+std::string write_chats(const TempDir& dir) {
+  const std::vector<std::pair<std::string, std::string>> words = {
+      {"river", "a large natural stream of water"},
+      {"mountain", "a land mass that projects well above its surroundings"},
+      {"fox", "a small wild dog"},
+      {"noun", "a word that names a thing"}};
+  std::string text;
+  for (int i = 0; i < 40; ++i) {
+    const auto& [w, d] = words[size_t(i) % words.size()];
+    text += nlohmann::json{
+                {"messages",
+                 {{{"role", "user"}, {"content", "what is a " + w + "?"}},
+                  {{"role", "assistant"}, {"content", d + "."}}}}}
+                .dump() +
+        "\n";
+  }
+  return dir.write("chat.jsonl", text);
+}
+
+std::vector<std::string> lora_args(const std::string& data, int steps) {
+  return {"train",
+          "stage=lora",
+          "model=" + kLlama,
+          "data=" + data,
+          "max_steps=" + std::to_string(steps),
+          "max_seq_length=64",
+          "per_device_train_batch_size=4",
+          "gradient_accumulation_steps=2",
+          "lora.r=4",
+          "lora.alpha=8",
+          "learning_rate=5e-3",
+          "warmdown_ratio=0",
+          "save_steps=2",
+          "eval_steps=3",
+          "--device",
+          "cpu"};
+}
+
+std::map<std::string, torch::Tensor> adapter_of(const std::string& dir) {
+  return safetensors::load(dir + "/adapter_model.safetensors");
+}
+
+TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
+  TempDir tmp;
+  const std::string data = write_chats(tmp);
+  const std::map<std::string, std::string> env = {{"ORCHARD_HOME", tmp.file("home")}};
+  fs::create_directories(tmp.file("a"));
+  fs::create_directories(tmp.file("b"));
+  // Straight through: 6 steps.
+  auto r = run_orchard(lora_args(data, 6), env, tmp.file("a"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Parameters: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Adapter (PEFT format)"), std::string::npos) << r.out;
+  const std::string a = tmp.file("a/runs/lora/llama/adapter");
+  ASSERT_TRUE(fs::exists(a + "/adapter_config.json"));
+  std::ifstream in(a + "/adapter_config.json");
+  auto cfg = nlohmann::json::parse(in);
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 4);
+  EXPECT_EQ(cfg["lora_alpha"], 8.0);
+  auto straight = adapter_of(a);
+  EXPECT_EQ(straight.size(), 2u * 7 * 2); // A and B, 7 projections, 2 layers
+  EXPECT_TRUE(straight.count(
+      "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  // B starts at zero; training moved it.
+  EXPECT_GT(
+      straight["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
+          .abs()
+          .sum()
+          .item<double>(),
+      0.0);
+  // In two runs: 3 steps, then the same command asked for 6 resumes.
+  r = run_orchard(lora_args(data, 3), env, tmp.file("b"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = run_orchard(lora_args(data, 6), env, tmp.file("b"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Resuming from"), std::string::npos) << r.out;
+  auto resumed = adapter_of(tmp.file("b/runs/lora/llama/adapter"));
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (const auto& [k, t] : straight)
+    EXPECT_TRUE(torch::equal(t, resumed[k])) << k;
+  // Checkpoints hold the adapters only, not the frozen base.
+  auto ckpt = safetensors::load(
+      tmp.file("b/runs/lora/llama/checkpoints/step_000006/model.safetensors"));
+  for (const auto& [k, t] : ckpt)
+    EXPECT_NE(k.find(".lora_"), std::string::npos) << k;
+
+  // The adapter in use: greedy text from base + adapter equals the merged
+  // model's, and differs from the base alone.
+  auto greedy = [&](std::vector<std::string> model) {
+    std::vector<std::string> args = {
+        "generate", "--prompt", "what is a river", "--temperature", "0",
+        "--max-new-tokens", "12", "--device", "cpu"};
+    args.insert(args.end(), model.begin(), model.end());
+    auto g = run_orchard(args, env, tmp.path().string());
+    EXPECT_EQ(g.exit_code, 0) << g.out << g.err;
+    const std::string text = g.out.substr(g.out.find("what is a river"));
+    return text.substr(0, text.find("\n[")); // without the speed line
+  };
+  const std::string with_adapter = greedy({"--model", kLlama, "--adapter", a});
+  r = run_orchard(
+      {"lora", "merge", "--model", kLlama, "--adapter", tmp.file("a/runs/lora/llama"),
+       "--out", tmp.file("merged")},
+      env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("merged/tokenizer.json")));
+  EXPECT_EQ(greedy({"--model", tmp.file("merged")}), with_adapter);
+  // Merging into a folder that has files needs --force.
+  r = run_orchard(
+      {"lora", "merge", "--model", kLlama, "--adapter", a, "--out", tmp.file("merged")},
+      env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  // Chat through the adapter, once.
+  r = run_orchard(
+      {"chat", "--model", kLlama, "--adapter", a, "-p", "what is a fox?",
+       "--max-new-tokens", "4", "--device", "cpu"},
+      env);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("+ adapter"), std::string::npos) << r.out;
+}
+
+TEST(Finetune, FullFineTuningWritesAModelFolder) {
+  TempDir tmp;
+  const std::string data = write_chats(tmp);
+  auto args = lora_args(data, 2);
+  args[1] = "stage=full";
+  args.erase(std::remove_if(args.begin(), args.end(), [](const std::string& a) {
+               return a.rfind("lora.", 0) == 0;
+             }), args.end());
+  auto r = run_orchard(args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string out = tmp.file("runs/full/llama/model");
+  ASSERT_TRUE(fs::exists(out + "/model.safetensors"));
+  auto w = safetensors::load(out);
+  auto base = safetensors::load(kLlama + "/model.safetensors");
+  EXPECT_FALSE(torch::equal(
+      w["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"]));
+  r = run_orchard(
+      {"generate", "--model", out, "--prompt", "hi", "--max-new-tokens", "3", "--device", "cpu"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+TEST(Finetune, BadInputSaysWhatAndHow) {
+  TempDir tmp;
+  const std::string data = write_chats(tmp);
+  auto expect_error = [&](std::vector<std::string> args, const std::string& what,
+                          int code = 2) {
+    auto r = run_orchard(args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+    EXPECT_EQ(r.exit_code, code) << r.out << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+  };
+  expect_error({"train", "stage=lora", "data=" + data}, "needs model=DIR");
+  expect_error({"train", "stage=lora", "model=" + kLlama}, "needs data=FILE");
+  expect_error({"train", "stage=lora", "model=" + tmp.file("none"), "data=" + data},
+               "does not exist");
+  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data, "lora.rank=2"},
+               "did you mean 'lora.r'");
+  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data,
+                "max_seq_length=64", "lora.target_modules=[qkv]"},
+               "q_proj");
+  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data,
+                "max_seq_length=4096"},
+               "max_position_embeddings");
+  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data, "fp16=true",
+                "bf16=true"},
+               "choose one");
+  tmp.write("bad.jsonl", "{\"messages\": [{\"role\": \"user\"}]}\n");
+  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + tmp.file("bad.jsonl"),
+                "max_seq_length=64"},
+               "bad.jsonl:1", /*code=*/1); // a data error, as orchard data chat
+  expect_error({"chat", "--adapter", tmp.path().string(), "-p", "hi"}, "--adapter needs --model");
+  expect_error({"chat", "--model", kLlama, "--adapter", tmp.path().string(), "-p", "hi"},
+               "adapter_config.json");
+}
+
+} // namespace
+} // namespace orchard
