@@ -365,5 +365,35 @@ TEST(Lora, AdaptersOrchardCannotApplyAreRefused) {
   EXPECT_NE(msg.find("q_proj"), std::string::npos) << msg;
 }
 
+// With ORCHARD_PEFT_GOLDEN=DIR: writes an Orchard adapter (random, B
+// non-zero), Orchard's logits with it, and the merged model folder, for
+// tests/golden/make_hf_fixtures.py --verify-adapter / --verify-merged to
+// load with peft and transformers on the CUDA machine.
+TEST(Lora, WritesGoldenForPeftWhenAsked) {
+  const char* out = std::getenv("ORCHARD_PEFT_GOLDEN");
+  if (!out)
+    GTEST_SKIP() << "set ORCHARD_PEFT_GOLDEN=DIR to write the files";
+  const std::string dir = out;
+  torch::manual_seed(11);
+  auto model = load("llama");
+  models::LoraSpec spec;
+  spec.r = 3;
+  spec.alpha = 5;
+  spec.target_modules = {"q", "k", "v", "o", "gate", "up", "down"};
+  model->add_lora(spec, torch::kFloat32);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [k, t] : models::adapter_tensors(model))
+      t.normal_(0, 0.2);
+  }
+  models::save_adapter(model, spec, dir + "/adapter", kHf + "/llama");
+  auto ids = reference(kHf + "/llama")["input_ids"];
+  model->eval();
+  torch::NoGradGuard no_grad;
+  safetensors::save(dir + "/adapter_logits.safetensors",
+                    {{"input_ids", ids}, {"logits", model->forward(ids)}});
+  models::write_merged_model(model, kHf + "/llama", dir + "/merged");
+}
+
 } // namespace
 } // namespace orchard

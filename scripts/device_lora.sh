@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 7 on the CUDA machine (../shared/device/README.md):
+#   build   build against PyTorch's libtorch, run every test, check Orchard's
+#           adapter and merged model with peft/transformers
+#           (tests/golden/make_hf_fixtures.py --verify-*), fine-tune the tiny
+#           fixture Llama from the command line on the GPU
+#   bench   make a random model with Llama 3.2 3B's config and run
+#           bench/peers/lora_step.py and orchard_bench_lora side by side
+#           (LoRA r=16, all linear layers, bf16, checkpointing, batch 1,
+#           sequence 1024 and 2048; greedy generation 128 + 256 tokens)
+set -uo pipefail
+OUT="${OUT:-/tmp/orchard-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+mode="${1:-build}"
+status=0
+if ls .device-debs/*.deb >/dev/null 2>&1; then
+  D=$(mktemp -d); for f in .device-debs/*.deb; do dpkg -x "$f" "$D"; done
+  export PKG_CONFIG_PATH=$D/usr/lib/x86_64-linux-gnu/pkgconfig
+  export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
+  EXTRA_PREFIX=$D/usr
+fi
+TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+if [ ! -x build-cuda/orchard ] || [ "$mode" = build ]; then
+  start=$(date +%s)
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \
+    || { tail -40 "$OUT/configure.log"; exit 1; }
+  cmake --build build-cuda -j16 > "$OUT/build.log" 2>&1 || { grep -E "error|Error" -A3 "$OUT/build.log" | head -60; exit 1; }
+  echo "build took $(( $(date +%s) - start )) s"
+fi
+if [ "$mode" = build ]; then
+  (cd build-cuda && ctest --output-on-failure -j8 > "$OUT/ctest.log" 2>&1) || status=1
+  tail -4 "$OUT/ctest.log"; grep -E "\*\*\*Failed|FAILED|Skipped" "$OUT/ctest.log" | head -20
+  G=$(mktemp -d)
+  ORCHARD_PEFT_GOLDEN=$G ./build-cuda/orchard_tests --gtest_filter='Lora.WritesGoldenForPeft*' > /dev/null 2>&1
+  python3 tests/golden/make_hf_fixtures.py --verify-adapter tests/fixtures/hf/llama $G/adapter $G/adapter_logits.safetensors 2>&1 | grep -v Warn | tail -2 || status=1
+  python3 tests/golden/make_hf_fixtures.py --verify-merged $G/merged $G/adapter_logits.safetensors 2>&1 | grep -v Warn | tail -2 || status=1
+  python3 - <<'PY'
+import json
+w = [("river", "a large natural stream of water"), ("fox", "a small wild dog")]
+with open("/tmp/chat.jsonl", "w") as f:
+    for i in range(40):
+        a, b = w[i % 2]
+        f.write(json.dumps({"messages": [{"role": "user", "content": f"what is a {a}?"}, {"role": "assistant", "content": b + "."}]}) + "\n")
+PY
+  (cd /tmp && $OLDPWD/build-cuda/orchard train stage=lora model=$OLDPWD/tests/fixtures/hf/llama data=/tmp/chat.jsonl max_steps=10 max_seq_length=64 save_steps=5 2>&1 | tail -12) || status=1
+  (cd /tmp && $OLDPWD/build-cuda/orchard chat --model $OLDPWD/tests/fixtures/hf/llama --adapter runs/lora/llama -p "what is a fox?" --max-new-tokens 6 2>&1 | tail -3) || status=1
+fi
+if [ "$mode" = bench ]; then
+  M=/tmp/llama-3.2-3b-shape
+  python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  for T in 1024 2048; do
+    G=""; [ $T = 1024 ] && G="128 256"
+    python3 bench/peers/lora_step.py $M $T 8 16 $G 2>&1 | grep -E "^(load|transformers)" || status=1
+    ./build-cuda/orchard_bench_lora $M cuda $T 8 16 $G 2>&1 | grep -E "^(load|orchard)" || status=1
+  done
+fi
+exit $status
