@@ -79,26 +79,40 @@ int main(int argc, char** argv) {
   oo.adam_beta2 = 0.999;
   oo.adam_eps = 1e-8;
   orchard::train::Optimizers opt({{"adapters", trained, 1e-4, 0.0}}, oo);
-  std::vector<double> times;
+  std::vector<double> times, fwd, bwd, upd;
   orchard::reset_peak_memory(dev);
   for (int64_t s = 0; s < steps + 2; ++s) {
     auto ids = torch::randint(V, {1, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
     orchard::compat::synchronize(dev);
     auto a = clock::now();
     auto loss = model->loss(ids.narrow(1, 0, T), ids.narrow(1, 1, T));
+    orchard::compat::synchronize(dev);
+    auto b = clock::now();
     loss.backward();
+    orchard::compat::synchronize(dev);
+    auto c = clock::now();
     opt.step(1.0, s);
     opt.zero_grad();
     orchard::compat::synchronize(dev);
-    if (s >= 2)
-      times.push_back(std::chrono::duration<double>(clock::now() - a).count());
+    auto e = clock::now();
+    using sec = std::chrono::duration<double>;
+    if (s >= 2) {
+      times.push_back(sec(e - a).count());
+      fwd.push_back(sec(b - a).count());
+      bwd.push_back(sec(c - b).count());
+      upd.push_back(sec(e - c).count());
+    }
   }
-  std::sort(times.begin(), times.end());
+  for (auto* v : {&times, &fwd, &bwd, &upd})
+    std::sort(v->begin(), v->end());
   const auto mem = orchard::read_memory(dev);
   std::printf(
       "orchard lora seq %lld: %.3f s/step, %.0f tok/s, peak %.2f GB (%s)\n",
       (long long)T, times[times.size() / 2],
       double(T) / times[times.size() / 2], double(mem.peak) / 1e9,
       mem.what.c_str());
+  std::printf(
+      "  median forward %.3f s, backward %.3f s, optimizer %.3f s\n",
+      fwd[fwd.size() / 2], bwd[bwd.size() / 2], upd[upd.size() / 2]);
   return 0;
 }

@@ -49,13 +49,18 @@ PY
   (cd /tmp && $OLDPWD/build-cuda/orchard chat --model $OLDPWD/tests/fixtures/hf/llama --adapter runs/lora/llama -p "what is a fox?" --max-new-tokens 6 2>&1 | tail -3) || status=1
 fi
 if [ "$mode" = bench ]; then
+  cmake --build build-cuda -j16 --target orchard_bench_lora > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -30; exit 1; }
   M=/tmp/llama-3.2-3b-shape
-  python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
+  [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  STEPS=${STEPS:-12}
   for T in 1024 2048; do
     G=""; [ $T = 1024 ] && G="128 256"
-    python3 bench/peers/lora_step.py $M $T 8 16 $G 2>&1 | grep -E "^(load|transformers)" || status=1
-    ./build-cuda/orchard_bench_lora $M cuda $T 8 16 $G 2>&1 | grep -E "^(load|orchard)" || status=1
+    for rep in 1 2; do
+      python3 bench/peers/lora_step.py $M $T $STEPS 16 $G 2>&1 | grep -E "^(transformers)" || status=1
+      ./build-cuda/orchard_bench_lora $M cuda $T $STEPS 16 $G 2>&1 | grep -E "^(orchard|  median)" || status=1
+      G=""
+    done
   done
 fi
 exit $status

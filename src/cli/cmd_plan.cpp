@@ -9,6 +9,7 @@
 #include "text/tokenizer_io.h"
 #include "train/data_cache.h"
 #include "train/memory_probe.h"
+#include "train/finetune.h"
 #include "train/pretrain.h"
 
 #include <cstdio>
@@ -16,13 +17,69 @@
 
 namespace orchard::cli {
 
+namespace {
+
+struct PlanState {
+  ConfigFlags config;
+  DeviceFlags device;
+  PretrainConfig defaults;
+  bool json = false, probe = false;
+};
+
+// stage=lora|full: the fine-tuning estimate for the model's config.json
+// (the weights are not read, so a 16 GB Mac can be planned anywhere).
+int plan_finetune_command(const PlanState& st) {
+  train::FinetuneConfig cfg;
+  config::resolve(train::finetune_schema(), &cfg, sources_of(st.config));
+  if (cfg.model.empty())
+    throw UserError(
+        "stage=" + cfg.stage +
+        " plans for model=DIR: give the model folder (only its "
+        "config.json is read).");
+  if (st.probe)
+    throw UserError("--probe measures base training only; drop it for stage=" + cfg.stage + ".");
+  const models::HfModelConfig mc = models::read_hf_config(cfg.model);
+  MachineFacts m = machine_for(st.device);
+  DeviceInfo d = select_device(st.device, m);
+  const auto dtype = train::finetune_dtype(cfg, d);
+  auto plan = train::plan_finetune(mc, cfg, dtype, d);
+  const char* dname = dtype == torch::kBFloat16 ? "bfloat16"
+      : dtype == torch::kFloat16                ? "float16"
+                                                : "float32";
+  if (st.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : plan.rows)
+      rows.push_back({{"batch", r.batch},
+                      {"total_bytes", r.memory.total()},
+                      {"weights_bytes", r.memory.weights},
+                      {"activations_bytes", r.memory.activations},
+                      {"fits", r.fits}});
+    nlohmann::json j = {{"stage", cfg.stage},
+                        {"architecture", mc.architecture},
+                        {"base_dtype", dname},
+                        {"seq_len", cfg.max_seq_length},
+                        {"budget_bytes", plan.budget},
+                        {"candidates", rows},
+                        {"choice", {{"batch", plan.choice.batch},
+                                    {"total_bytes", plan.choice.memory.total()},
+                                    {"fits", plan.choice.fits}}},
+                        {"why", plan.why}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf(
+        "Model: %s (%s), %s %s base, %lld tokens per row%s\n",
+        cfg.model.c_str(), mc.architecture.c_str(), cfg.stage.c_str(), dname,
+        (long long)cfg.max_seq_length,
+        cfg.gradient_checkpointing ? ", gradient checkpointing" : "");
+    std::printf("%s", train::finetune_plan_table(plan).c_str());
+  }
+  return plan.choice.fits ? 0 : 1;
+}
+
+} // namespace
+
 Command register_plan(CLI::App& root) {
-  struct State {
-    ConfigFlags config;
-    DeviceFlags device;
-    PretrainConfig defaults;
-    bool json = false, probe = false;
-  };
+  using State = PlanState;
   auto st = std::make_shared<State>();
   CLI::App* app = root.add_subcommand(
       "plan",
@@ -38,6 +95,8 @@ Command register_plan(CLI::App& root) {
       "the measured peak beside the prediction");
   return {
       app, [st] {
+        if (train::is_finetune_stage(requested_stage(st->config)))
+          return plan_finetune_command(*st);
         PretrainConfig cfg;
         config::resolve(pretrain_schema(), &cfg, sources_of(st->config));
         MachineFacts m = machine_for(st->device);

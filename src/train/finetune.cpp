@@ -311,6 +311,63 @@ FinetuneMemory finetune_memory(
   return r;
 }
 
+FinetunePlan plan_finetune(
+    const models::HfModelConfig& mc,
+    const FinetuneConfig& cfg,
+    torch::ScalarType dtype,
+    const DeviceInfo& device) {
+  FinetunePlan p;
+  const MemoryBudget budget = memory_budget(device, cfg.memory_fraction);
+  p.budget = budget.bytes;
+  p.budget_why = budget.why;
+  for (int64_t b : {1, 2, 4, 8, 16}) {
+    FinetunePlan::Row r{b, finetune_memory(mc, cfg, dtype, b), false};
+    r.fits = r.memory.total() <= double(budget.bytes);
+    p.rows.push_back(r);
+  }
+  if (cfg.device_batch_size) {
+    const int64_t b = *cfg.device_batch_size;
+    p.choice = {b, finetune_memory(mc, cfg, dtype, b), false};
+    p.choice.fits = p.choice.memory.total() <= double(budget.bytes);
+    p.why = "device_batch_size=" + std::to_string(b) + " as set; " +
+        (p.choice.fits ? "it fits" : "it does not fit");
+    return p;
+  }
+  p.choice = p.rows.front();
+  for (const auto& r : p.rows)
+    if (r.fits)
+      p.choice = r;
+  p.why = p.choice.fits
+      ? "the largest micro-batch whose estimate fits the budget"
+      : "nothing fits, not even one row: lower max_seq_length, keep "
+        "gradient_checkpointing=true, use dtype=bfloat16, or a smaller model";
+  return p;
+}
+
+std::string finetune_plan_table(const FinetunePlan& p) {
+  std::string s = "Budget: " + format_mb(double(p.budget)) + " (" +
+      p.budget_why + ")\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%6s %10s %12s %12s %10s %10s %12s  %s\n",
+                "batch", "weights", "trained+opt", "activations", "loss",
+                "workspace", "total", "fits");
+  s += line;
+  for (const auto& r : p.rows) {
+    const auto& m = r.memory;
+    std::snprintf(
+        line, sizeof line, "%6lld %10s %12s %12s %10s %10s %12s  %s\n",
+        (long long)r.batch, format_mb(m.weights).c_str(),
+        format_mb(m.trainable + m.gradients + m.optimizer).c_str(),
+        format_mb(m.activations).c_str(), format_mb(m.logits).c_str(),
+        format_mb(m.workspace).c_str(), format_mb(m.total()).c_str(),
+        r.fits ? "yes" : "no");
+    s += line;
+  }
+  s += "\nChoice: device_batch_size=" + std::to_string(p.choice.batch) +
+      " (" + format_mb(p.choice.memory.total()) + "): " + p.why + ".\n";
+  return s;
+}
+
 FinetuneResult run_finetune(
     const FinetuneConfig& cfg,
     const config::Origins& origins,
@@ -379,23 +436,17 @@ FinetuneResult run_finetune(
   auto val_file = std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
 
   // Batch: as given, or the largest of 1, 2, 4, 8, 16 the estimate fits.
-  const MemoryBudget budget = memory_budget(device, cfg.memory_fraction);
-  int64_t B = cfg.device_batch_size.value_or(1);
-  std::string batch_why = "as set";
-  if (!cfg.device_batch_size) {
-    batch_why = "auto: the largest of 1-16 whose estimated peak fits " +
-        format_mb(double(budget.bytes)) + " (" + budget.why + ")";
-    for (int64_t b = 16; b >= 1; b /= 2)
-      if (finetune_memory(mc, cfg, dtype, b).total() <= double(budget.bytes) || b == 1) {
-        B = b;
-        break;
-      }
-  }
-  const FinetuneMemory est = finetune_memory(mc, cfg, dtype, B);
-  if (est.total() > double(budget.bytes))
+  const FinetunePlan plan = plan_finetune(mc, cfg, dtype, device);
+  const int64_t B = plan.choice.batch;
+  const FinetuneMemory est = plan.choice.memory;
+  const std::string batch_why = cfg.device_batch_size
+      ? "as set"
+      : "auto: the largest of 1-16 whose estimated peak fits " +
+          format_mb(double(plan.budget)) + " (" + plan.budget_why + ")";
+  if (!plan.choice.fits)
     log("Warning: the estimated peak " + format_mb(est.total()) +
-        " is above the budget " + format_mb(double(budget.bytes)) +
-        " even at device_batch_size=" + std::to_string(B) +
+        " is above the budget " + format_mb(double(plan.budget)) +
+        " at device_batch_size=" + std::to_string(B) +
         "; lower max_seq_length, keep gradient_checkpointing=true" +
         (lora && dtype == torch::kFloat32 ? ", use dtype=bfloat16" : "") +
         ", or use a smaller model.");
@@ -536,7 +587,7 @@ FinetuneResult run_finetune(
         format_mb(est.weights) + ", trained weights + gradients + AdamW " +
         format_mb(est.trainable + est.gradients + est.optimizer) +
         ", activations " + format_mb(est.activations) + ", loss " +
-        format_mb(est.logits) + "); budget " + format_mb(double(budget.bytes)));
+        format_mb(est.logits) + "); budget " + format_mb(double(plan.budget)));
     log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
         " tokens per micro-step (" + batch_why + ")" +
         (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +

@@ -106,6 +106,28 @@ FinetuneMemory finetune_memory(
     torch::ScalarType base_dtype,
     int64_t micro_batch);
 
+// Micro-batches 1, 2, 4, 8, 16 with their estimates against the budget; the
+// choice is device_batch_size when set, else the largest that fits (1 when
+// none does, with fits = false).
+struct FinetunePlan {
+  struct Row {
+    int64_t batch = 0;
+    FinetuneMemory memory;
+    bool fits = false;
+  };
+  std::vector<Row> rows;
+  Row choice;
+  uint64_t budget = 0;
+  std::string budget_why, why;
+};
+FinetunePlan plan_finetune(
+    const models::HfModelConfig& model,
+    const FinetuneConfig& cfg,
+    torch::ScalarType base_dtype,
+    const DeviceInfo& device);
+// The plan as `orchard plan` prints it.
+std::string finetune_plan_table(const FinetunePlan& plan);
+
 // The base weights' dtype for `cfg` on `device` (see FinetuneConfig::dtype).
 torch::ScalarType finetune_dtype(const FinetuneConfig& cfg, const DeviceInfo& device);
 

@@ -163,6 +163,60 @@ TEST(Finetune, FullFineTuningWritesAModelFolder) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
+TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
+  // Only config.json is read: Llama 3.2 3B's (transformers' values).
+  TempDir tmp;
+  tmp.write(
+      "l3b/config.json",
+      nlohmann::json{
+          {"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", 128256},
+          {"hidden_size", 3072},
+          {"intermediate_size", 8192},
+          {"num_hidden_layers", 28},
+          {"num_attention_heads", 24},
+          {"num_key_value_heads", 8},
+          {"head_dim", 128},
+          {"max_position_embeddings", 131072},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 500000.0},
+          {"rope_scaling",
+           {{"rope_type", "llama3"},
+            {"factor", 32.0},
+            {"low_freq_factor", 1.0},
+            {"high_freq_factor", 4.0},
+            {"original_max_position_embeddings", 8192}}},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", "bfloat16"}}
+          .dump());
+  auto plan = [&](const std::string& gb) {
+    return run_orchard(
+        {"plan", "--preset", "lora-llama-3.2-3b", "model=" + tmp.file("l3b"),
+         "--assume-device", "mps", "--memory-gb", gb, "--json"});
+  };
+  auto r = plan("16");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["base_dtype"], "bfloat16");
+  EXPECT_EQ(j["choice"]["batch"], 1);
+  EXPECT_TRUE(j["choice"]["fits"].get<bool>());
+  // The estimate holds the bf16 weights (6.4 GB) and stays under the budget.
+  const double total = j["choice"]["total_bytes"];
+  EXPECT_GT(total, 6.4e9);
+  EXPECT_LE(total, j["budget_bytes"].get<double>());
+  // On an 8 GB Mac it does not fit: exit 1 and say so.
+  r = plan("8");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  // auto batch on 32 GB picks more rows, monotone in memory.
+  r = run_orchard(
+      {"plan", "stage=lora", "model=" + tmp.file("l3b"), "--assume-device", "mps",
+       "--memory-gb", "32", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_GT(j["choice"]["batch"].get<int>(), 1);
+}
+
 TEST(Finetune, BadInputSaysWhatAndHow) {
   TempDir tmp;
   const std::string data = write_chats(tmp);

@@ -365,6 +365,35 @@ TEST(Lora, AdaptersOrchardCannotApplyAreRefused) {
   EXPECT_NE(msg.find("q_proj"), std::string::npos) << msg;
 }
 
+TEST(Lora, DropoutUnderCheckpointingGivesThePlainGradients) {
+  // The recomputation must draw the same dropout masks as the forward.
+  auto ids = reference(kHf + "/llama")["input_ids"];
+  auto grads = [&](bool ckpt) {
+    auto model = load("llama", torch::kFloat64);
+    torch::manual_seed(5);
+    models::LoraSpec spec;
+    spec.r = 2;
+    spec.dropout = 0.3;
+    model->add_lora(spec, torch::kFloat64);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& [k, t] : models::adapter_tensors(model))
+        t.normal_(0, 0.1);
+    }
+    model->gradient_checkpointing = ckpt;
+    model->train();
+    torch::manual_seed(9);
+    model->loss(ids, ids).backward();
+    std::vector<torch::Tensor> g;
+    for (auto& [k, t] : models::adapter_tensors(model))
+      g.push_back(t.grad().clone());
+    return g;
+  };
+  auto plain = grads(false), recomputed = grads(true);
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_LT(max_diff(plain[i], recomputed[i]), 1e-12) << i;
+}
+
 // With ORCHARD_PEFT_GOLDEN=DIR: writes an Orchard adapter (random, B
 // non-zero), Orchard's logits with it, and the merged model folder, for
 // tests/golden/make_hf_fixtures.py --verify-adapter / --verify-merged to
