@@ -196,10 +196,26 @@ torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
   auto h = x;
   if (dropout > 0 && is_training())
     h = F::dropout(h, F::DropoutFuncOptions().p(dropout).training(true));
+  const auto dt = y.scalar_type();
+  if ((dt == torch::kBFloat16 || dt == torch::kFloat16) &&
+      A.scalar_type() != dt) {
+    // A half-precision base: the branch runs in the base's dtype with the
+    // adapters cast to it (PEFT under autocast does the same), and the sum
+    // is one matrix product with y as its addend: no full-size float32
+    // copies of the input or the output.
+    auto a = F::linear(h, A.to(dt)); // (..., r)
+    auto y2 = y.reshape({-1, y.size(-1)});
+    auto out = at::addmm(
+        y2, a.reshape({-1, a.size(-1)}), B.to(dt).t(), /*beta=*/1,
+        /*alpha=*/scaling);
+    return out.view(y.sizes());
+  }
+  // PEFT's order of operations: the input cast to the adapters' dtype, the
+  // sum taken there and cast back.
   auto delta = F::linear(F::linear(h.to(A.scalar_type()), A), B) * scaling;
-  if (delta.scalar_type() == y.scalar_type())
+  if (delta.scalar_type() == dt)
     return y + delta;
-  return (y.to(delta.scalar_type()) + delta).to(y.scalar_type());
+  return (y.to(delta.scalar_type()) + delta).to(dt);
 }
 
 void ProjImpl::add_lora(

@@ -97,9 +97,11 @@ struct WeightImpl : torch::nn::Module {
 TORCH_MODULE(Weight);
 
 // A linear layer y = x W^T + b, with an optional LoRA branch
-// + scaling * B(A(dropout(x))) computed in the adapters' dtype (PEFT's
-// order of operations: the input is cast to the adapter dtype and the sum
-// is cast back).
+// + scaling * B(A(dropout(x))). With a float32 base it is computed in the
+// adapters' dtype (PEFT's order of operations: the input cast to the
+// adapter dtype, the sum cast back); with a bfloat16/float16 base in the
+// base's dtype, the adapters cast to it (as PEFT under autocast), fused
+// into one addmm.
 struct ProjImpl : torch::nn::Module {
   ProjImpl(torch::Tensor w, torch::Tensor b);
   torch::Tensor forward(const torch::Tensor& x);

@@ -365,6 +365,39 @@ TEST(Lora, AdaptersOrchardCannotApplyAreRefused) {
   EXPECT_NE(msg.find("q_proj"), std::string::npos) << msg;
 }
 
+TEST(Lora, Bfloat16BaseGivesTheFloat32ResultsWithinRounding) {
+  // The half-precision path (adapters cast to the base's dtype, one addmm)
+  // against the float32 one, with peft's adapter: logits and the adapters'
+  // gradients agree to bfloat16 accuracy.
+  auto ref = reference(kHf + "/llama_lora");
+  auto ids = ref["input_ids"];
+  auto run = [&](torch::ScalarType dtype) {
+    auto model = load("llama", dtype);
+    models::load_adapter(model, kHf + "/llama_lora");
+    model->train();
+    auto logits = model->forward(ids);
+    auto loss = F::cross_entropy(
+        logits.narrow(1, 0, ids.size(1) - 1).reshape({-1, logits.size(-1)}),
+        ids.narrow(1, 1, ids.size(1) - 1).reshape({-1}));
+    loss.backward();
+    std::vector<torch::Tensor> out = {logits.detach()};
+    for (auto& [k, t] : models::adapter_tensors(model)) {
+      EXPECT_EQ(t.scalar_type(), torch::kFloat32) << k;
+      out.push_back(t.grad().clone());
+    }
+    return out;
+  };
+  auto full = run(torch::kFloat32), half = run(torch::kBFloat16);
+  EXPECT_LT(max_diff(full[0], ref["logits_fp32"]), 1e-4);
+  const double scale = full[0].abs().max().item<double>();
+  EXPECT_LT(max_diff(half[0], full[0]), 0.05 * scale);
+  for (size_t i = 1; i < full.size(); ++i) {
+    auto a = full[i].flatten().to(torch::kFloat64), b = half[i].flatten().to(torch::kFloat64);
+    const double cos = (a.dot(b) / (a.norm() * b.norm() + 1e-30)).item<double>();
+    EXPECT_GT(cos, 0.99) << i;
+  }
+}
+
 TEST(Lora, DropoutUnderCheckpointingGivesThePlainGradients) {
   // The recomputation must draw the same dropout masks as the forward.
   auto ids = reference(kHf + "/llama")["input_ids"];
