@@ -106,7 +106,7 @@ TEST(Cli, ConfigErrorsExitTwoWithTheReason) {
 
   r = run_orchard({"config", "--preset", "nope"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(contains(r.err, "the presets are: overnight, quick")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the presets are: lora-llama-3.2-3b, overnight, quick")) << r.err;
 }
 
 TEST(Cli, AssumedMachinesAndMemoryOverrides) {
