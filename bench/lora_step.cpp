@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   auto model = orchard::models::load_hf_model(dir, lo);
   orchard::compat::synchronize(dev);
   std::printf(
-      "load: %.1f s\n", std::chrono::duration<double>(clock::now() - t0).count());
+      "load: %.1f s\n",
+      std::chrono::duration<double>(clock::now() - t0).count());
   const int64_t V = model->config.vocab_size;
   // Generation first, on the base model (as the peer script does).
   if (gen_new > 0) {
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
     std::printf(
         "orchard generate: prompt %lld, %lld new tokens: %.1f tok/s (prefill "
         "included; decode alone %.1f tok/s)\n",
-        (long long)gen_prompt, (long long)st.new_tokens,
+        (long long)gen_prompt,
+        (long long)st.new_tokens,
         double(st.new_tokens) / (st.prefill_seconds + st.decode_seconds),
         st.decode_tokens_per_s());
   }
@@ -82,7 +84,8 @@ int main(int argc, char** argv) {
   std::vector<double> times, fwd, bwd, upd;
   orchard::reset_peak_memory(dev);
   for (int64_t s = 0; s < steps + 2; ++s) {
-    auto ids = torch::randint(V, {1, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
+    auto ids = torch::randint(
+        V, {1, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
     orchard::compat::synchronize(dev);
     auto a = clock::now();
     auto loss = model->loss(ids.narrow(1, 0, T), ids.narrow(1, 1, T));
@@ -108,11 +111,15 @@ int main(int argc, char** argv) {
   const auto mem = orchard::read_memory(dev);
   std::printf(
       "orchard lora seq %lld: %.3f s/step, %.0f tok/s, peak %.2f GB (%s)\n",
-      (long long)T, times[times.size() / 2],
-      double(T) / times[times.size() / 2], double(mem.peak) / 1e9,
+      (long long)T,
+      times[times.size() / 2],
+      double(T) / times[times.size() / 2],
+      double(mem.peak) / 1e9,
       mem.what.c_str());
   std::printf(
       "  median forward %.3f s, backward %.3f s, optimizer %.3f s\n",
-      fwd[fwd.size() / 2], bwd[bwd.size() / 2], upd[upd.size() / 2]);
+      fwd[fwd.size() / 2],
+      bwd[bwd.size() / 2],
+      upd[upd.size() / 2]);
   return 0;
 }

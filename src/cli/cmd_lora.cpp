@@ -24,18 +24,20 @@ Command register_lora(CLI::App& root) {
       "merge",
       "Fold an adapter into its base model and write a full model folder");
   merge->add_option("--model", st->model, "the base model folder")->required();
-  merge->add_option(
-           "--adapter",
-           st->adapter,
-           "the adapter folder (PEFT's format) or an orchard train "
-           "stage=lora run folder")
+  merge
+      ->add_option(
+          "--adapter",
+          st->adapter,
+          "the adapter folder (PEFT's format) or an orchard train "
+          "stage=lora run folder")
       ->required();
   merge->add_option("--out", st->out, "the folder to write")->required();
-  merge->add_option(
-           "--dtype",
-           st->dtype,
-           "the merged weights' dtype: auto (the base's), float32, bfloat16, "
-           "float16")
+  merge
+      ->add_option(
+          "--dtype",
+          st->dtype,
+          "the merged weights' dtype: auto (the base's), float32, bfloat16, "
+          "float16")
       ->capture_default_str();
   merge->add_flag("--force", st->force, "replace files in a non-empty --out");
   return {

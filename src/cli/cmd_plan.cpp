@@ -8,8 +8,8 @@
 #include "core/torch_compat.h"
 #include "text/tokenizer_io.h"
 #include "train/data_cache.h"
-#include "train/memory_probe.h"
 #include "train/finetune.h"
+#include "train/memory_probe.h"
 #include "train/pretrain.h"
 
 #include <cstdio>
@@ -37,7 +37,9 @@ int plan_finetune_command(const PlanState& st) {
         " plans for model=DIR: give the model folder (only its "
         "config.json is read).");
   if (st.probe)
-    throw UserError("--probe measures base training only; drop it for stage=" + cfg.stage + ".");
+    throw UserError(
+        "--probe measures base training only; drop it for stage=" + cfg.stage +
+        ".");
   const models::HfModelConfig mc = models::read_hf_config(cfg.model);
   MachineFacts m = machine_for(st.device);
   DeviceInfo d = select_device(st.device, m);
@@ -49,26 +51,32 @@ int plan_finetune_command(const PlanState& st) {
   if (st.json) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& r : plan.rows)
-      rows.push_back({{"batch", r.batch},
-                      {"total_bytes", r.memory.total()},
-                      {"weights_bytes", r.memory.weights},
-                      {"activations_bytes", r.memory.activations},
-                      {"fits", r.fits}});
-    nlohmann::json j = {{"stage", cfg.stage},
-                        {"architecture", mc.architecture},
-                        {"base_dtype", dname},
-                        {"seq_len", cfg.max_seq_length},
-                        {"budget_bytes", plan.budget},
-                        {"candidates", rows},
-                        {"choice", {{"batch", plan.choice.batch},
-                                    {"total_bytes", plan.choice.memory.total()},
-                                    {"fits", plan.choice.fits}}},
-                        {"why", plan.why}};
+      rows.push_back(
+          {{"batch", r.batch},
+           {"total_bytes", r.memory.total()},
+           {"weights_bytes", r.memory.weights},
+           {"activations_bytes", r.memory.activations},
+           {"fits", r.fits}});
+    nlohmann::json j = {
+        {"stage", cfg.stage},
+        {"architecture", mc.architecture},
+        {"base_dtype", dname},
+        {"seq_len", cfg.max_seq_length},
+        {"budget_bytes", plan.budget},
+        {"candidates", rows},
+        {"choice",
+         {{"batch", plan.choice.batch},
+          {"total_bytes", plan.choice.memory.total()},
+          {"fits", plan.choice.fits}}},
+        {"why", plan.why}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(
         "Model: %s (%s), %s %s base, %lld tokens per row%s\n",
-        cfg.model.c_str(), mc.architecture.c_str(), cfg.stage.c_str(), dname,
+        cfg.model.c_str(),
+        mc.architecture.c_str(),
+        cfg.stage.c_str(),
+        dname,
         (long long)cfg.max_seq_length,
         cfg.gradient_checkpointing ? ", gradient checkpointing" : "");
     std::printf("%s", train::finetune_plan_table(plan).c_str());

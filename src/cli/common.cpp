@@ -135,8 +135,7 @@ std::string model_path(const ModelFlags& flags) {
         "--adapter needs --model DIR, the base model the adapter was trained "
         "on.");
   if (!flags.stage.empty() && !flags.checkpoint.empty())
-    throw UserError(
-        "give either -i STAGE or --checkpoint DIR, not both.");
+    throw UserError("give either -i STAGE or --checkpoint DIR, not both.");
   if (!flags.checkpoint.empty())
     return flags.checkpoint;
   if (flags.stage.empty())
@@ -168,8 +167,7 @@ infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& d) {
     return loaded;
   }
   if (!flags.stage.empty() || !flags.checkpoint.empty())
-    throw UserError(
-        "give either --model DIR or -i/--checkpoint, not both.");
+    throw UserError("give either --model DIR or -i/--checkpoint, not both.");
   models::LoadOptions opt;
   opt.device = d.device;
   opt.dtype = train::finetune_dtype(train::FinetuneConfig{}, d);
@@ -197,9 +195,14 @@ infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& d) {
 std::string model_name(const ModelFlags& flags) {
   namespace fs = std::filesystem;
   if (!flags.model_dir.empty()) {
-    std::string n = fs::path(flags.model_dir).lexically_normal().filename().string();
+    std::string n =
+        fs::path(flags.model_dir).lexically_normal().filename().string();
     if (n.empty())
-      n = fs::path(flags.model_dir).lexically_normal().parent_path().filename().string();
+      n = fs::path(flags.model_dir)
+              .lexically_normal()
+              .parent_path()
+              .filename()
+              .string();
     return flags.adapter.empty() ? n : n + "+adapter";
   }
   fs::path run(model_path(flags));

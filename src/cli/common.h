@@ -53,7 +53,9 @@ void add_model_flags(CLI::App* app, ModelFlags& flags);
 std::string model_path(const ModelFlags& flags);
 // The model the flags name, on `device` (Hugging Face models in bfloat16 on
 // CUDA and MPS, float32 on the CPU); prints what was loaded.
-infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& device);
+infer::LoadedModel load_model(
+    const ModelFlags& flags,
+    const DeviceInfo& device);
 // A human name for the model: "sft/d4", "Llama-3.2-3B + adapter".
 std::string model_name(const ModelFlags& flags);
 // An adapter folder: `path` itself, or <path>/adapter (a LoRA run folder).

@@ -36,8 +36,12 @@ torch::ScalarType dtype_of(const std::string& name, const std::string& file) {
       "'; Orchard reads float32, bfloat16 and float16 models.");
 }
 
-int64_t get_int(const nlohmann::json& j, const char* key, const std::string& file) {
-  if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
+int64_t get_int(
+    const nlohmann::json& j,
+    const char* key,
+    const std::string& file) {
+  if (!j.contains(key) || !j[key].is_number_integer() ||
+      j[key].get<int64_t>() <= 0)
     throw UserError(
         "'" + file + "' needs a positive integer '" + key +
         "'; is this a model folder transformers saved?");
@@ -102,8 +106,8 @@ HfModelConfig read_hf_config(const std::string& dir) {
   c.intermediate_size = get_int(j, "intermediate_size", file);
   c.num_hidden_layers = get_int(j, "num_hidden_layers", file);
   c.num_attention_heads = get_int(j, "num_attention_heads", file);
-  c.num_key_value_heads = j.contains("num_key_value_heads") &&
-          !j["num_key_value_heads"].is_null()
+  c.num_key_value_heads =
+      j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
       ? get_int(j, "num_key_value_heads", file)
       : c.num_attention_heads;
   c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
@@ -130,7 +134,8 @@ HfModelConfig read_hf_config(const std::string& dir) {
     rope = j["rope_scaling"];
   c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
                                              : j.value("rope_theta", 10000.0);
-  c.rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
+  c.rope_type =
+      rope.value("rope_type", rope.value("type", std::string("default")));
   if (c.rope_type == "llama3") {
     c.rope_factor = rope.value("factor", 8.0);
     c.low_freq_factor = rope.value("low_freq_factor", 1.0);
@@ -154,11 +159,21 @@ HfModelConfig read_hf_config(const std::string& dir) {
   return c;
 }
 
+const std::vector<std::string>& llama_projections() {
+  static const std::vector<std::string> all = {
+      "q_proj",
+      "k_proj",
+      "v_proj",
+      "o_proj",
+      "gate_proj",
+      "up_proj",
+      "down_proj"};
+  return all;
+}
+
 std::vector<std::string> normalize_target_modules(
     const std::vector<std::string>& names) {
-  static const std::vector<std::string> all = {
-      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-      "down_proj"};
+  const std::vector<std::string>& all = llama_projections();
   std::vector<std::string> out;
   for (auto n : names) {
     if (n == "all-linear" || n == "all_linear") {
@@ -177,7 +192,8 @@ std::vector<std::string> normalize_target_modules(
       out.push_back(n);
   }
   if (out.empty())
-    throw UserError("lora.target_modules is empty; name at least one projection.");
+    throw UserError(
+        "lora.target_modules is empty; name at least one projection.");
   return out;
 }
 
@@ -206,7 +222,10 @@ torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
     auto a = F::linear(h, A.to(dt)); // (..., r)
     auto y2 = y.reshape({-1, y.size(-1)});
     auto out = at::addmm(
-        y2, a.reshape({-1, a.size(-1)}), B.to(dt).t(), /*beta=*/1,
+        y2,
+        a.reshape({-1, a.size(-1)}),
+        B.to(dt).t(),
+        /*beta=*/1,
         /*alpha=*/scaling);
     return out.view(y.sizes());
   }
@@ -258,8 +277,9 @@ torch::Tensor HfRmsNormImpl::forward(const torch::Tensor& x) {
 torch::Tensor rope_inv_freq(const HfModelConfig& c) {
   const int64_t D = c.head_dim;
   auto inv = 1.0 /
-      torch::pow(
-          c.rope_theta, torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / double(D));
+      torch::pow(c.rope_theta,
+                 torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) /
+                     double(D));
   if (c.rope_type != "llama3")
     return inv;
   const double old_len = double(c.original_max_position_embeddings);
@@ -269,8 +289,7 @@ torch::Tensor rope_inv_freq(const HfModelConfig& c) {
   auto scaled = torch::where(wavelen > low_wavelen, inv / c.rope_factor, inv);
   auto smooth = (old_len / wavelen - c.low_freq_factor) /
       (c.high_freq_factor - c.low_freq_factor);
-  auto smoothed =
-      (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+  auto smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
   auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
   return torch::where(medium, smoothed, scaled);
 }
@@ -287,21 +306,20 @@ LlamaImpl::LlamaImpl(
   auto w = [&](const std::string& name, std::vector<int64_t> shape) {
     return get(name, shape, false);
   };
-  auto proj = [&](const std::string& name, int64_t in, int64_t out,
-                  bool bias) {
+  auto proj = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
     return Proj(
         w(name + ".weight", {out, in}),
         bias ? w(name + ".bias", {out}) : torch::Tensor());
   };
   model = register_module("model", LlamaBody());
   model->embed_tokens = model->register_module(
-      "embed_tokens", Weight(w("model.embed_tokens.weight", {c.vocab_size, C})));
+      "embed_tokens",
+      Weight(w("model.embed_tokens.weight", {c.vocab_size, C})));
   model->layers = model->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i);
     auto layer = LlamaLayer();
-    layer->self_attn =
-        layer->register_module("self_attn", LlamaAttention());
+    layer->self_attn = layer->register_module("self_attn", LlamaAttention());
     auto& a = *layer->self_attn;
     a.n_head = H;
     a.n_kv_head = Hkv;
@@ -319,8 +337,8 @@ LlamaImpl::LlamaImpl(
     const int64_t I = c.intermediate_size;
     m.gate_proj = m.register_module(
         "gate_proj", proj(p + ".mlp.gate_proj", C, I, c.mlp_bias));
-    m.up_proj =
-        m.register_module("up_proj", proj(p + ".mlp.up_proj", C, I, c.mlp_bias));
+    m.up_proj = m.register_module(
+        "up_proj", proj(p + ".mlp.up_proj", C, I, c.mlp_bias));
     m.down_proj = m.register_module(
         "down_proj", proj(p + ".mlp.down_proj", I, C, c.mlp_bias));
     layer->input_layernorm = layer->register_module(
@@ -352,7 +370,11 @@ LlamaImpl::LlamaImpl(
     layer_fns_.push_back([this, i](const torch::Tensor& x) {
       const int64_t T = x.size(1);
       return layer_forward(
-          i, x, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T), nullptr,
+          i,
+          x,
+          rope_cos_.narrow(0, 0, T),
+          rope_sin_.narrow(0, 0, T),
+          nullptr,
           nullptr);
     });
 }
@@ -429,7 +451,10 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
     x = recompute ? checkpointed(layer_fns_[size_t(i)], x)
                   : layer_forward(
-                        i, x, cos, sin,
+                        i,
+                        x,
+                        cos,
+                        sin,
                         cache ? &cache->k[size_t(i)] : nullptr,
                         cache ? &cache->v[size_t(i)] : nullptr);
   return model->norm(x);
@@ -465,9 +490,9 @@ torch::Tensor LlamaImpl::loss(
     auto fn = [this, t](const torch::Tensor& x) {
       auto logits = lm_head.is_empty() ? F::linear(x, lm_weight()) : lm_head(x);
       return F::cross_entropy(
-          logits.to(torch::kFloat32), t,
-          F::CrossEntropyFuncOptions().ignore_index(-1).reduction(
-              torch::kSum));
+          logits.to(torch::kFloat32),
+          t,
+          F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
     };
     auto part = flat.narrow(0, r0, n);
     torch::Tensor l;
@@ -505,8 +530,8 @@ torch::Tensor LlamaImpl::decode_batch(
     auto k = a.k_proj(h).view({B, 1, a.n_kv_head, a.head_dim}).transpose(1, 2);
     auto v = a.v_proj(h).view({B, 1, a.n_kv_head, a.head_dim});
     auto c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
-    q = rotate(q, c, s);                   // (B, H, 1, D)
-    k = rotate(k, c, s).transpose(1, 2);   // (B, 1, Hkv, D)
+    q = rotate(q, c, s);                 // (B, H, 1, D)
+    k = rotate(k, c, s).transpose(1, 2); // (B, 1, Hkv, D)
     auto& ck = cache.k[size_t(i)];
     auto& cv = cache.v[size_t(i)];
     ck.index_put_(
@@ -520,10 +545,9 @@ torch::Tensor LlamaImpl::decode_batch(
       keys = keys.repeat_interleave(a.n_head / a.n_kv_head, 1);
       values = values.repeat_interleave(a.n_head / a.n_kv_head, 1);
     }
-    const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64
-                                                        : torch::kFloat32;
-    auto scores = torch::matmul(
-                      q.to(acc), keys.transpose(-2, -1).to(acc)) /
+    const auto acc =
+        q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    auto scores = torch::matmul(q.to(acc), keys.transpose(-2, -1).to(acc)) /
         std::sqrt(double(a.head_dim)); // (B, H, 1, Tmax)
     scores = scores.masked_fill(
         visible.logical_not(), -std::numeric_limits<float>::infinity());
@@ -621,8 +645,8 @@ Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
       if (optional)
         return {};
       throw UserError(
-          "model folder '" + dir + "' lacks the weight '" + name +
-          "' a " + c.architecture +
+          "model folder '" + dir + "' lacks the weight '" + name + "' a " +
+          c.architecture +
           " needs; the files are incomplete or of another architecture.");
     }
     auto t = reader.get(name);

@@ -51,7 +51,7 @@ struct HfModelConfig {
   int64_t original_max_position_embeddings = 8192;
   bool tie_word_embeddings = false;
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
-  std::optional<int64_t> sliding_window; // Mistral v0.1's 4096
+  std::optional<int64_t> sliding_window;     // Mistral v0.1's 4096
   torch::ScalarType dtype = torch::kFloat32; // as stored
   nlohmann::json raw;                        // config.json as read
 };
@@ -66,6 +66,10 @@ std::string supported_architectures();
 // inconsistent sizes.
 HfModelConfig read_hf_config(const std::string& model_dir);
 
+// The linear layers of a Llama-family layer, in order: q, k, v, o, gate,
+// up, down (each "_proj").
+const std::vector<std::string>& llama_projections();
+
 // Which linear layers get LoRA adapters, their rank, alpha and dropout.
 struct LoraSpec {
   int64_t r = 16;
@@ -74,9 +78,7 @@ struct LoraSpec {
   bool rslora = false; // scaling alpha / sqrt(r) (Kalajdzievski 2023)
   // Module names (q_proj, ...); "q", "k", "v", "o", "gate", "up", "down"
   // are accepted for short.
-  std::vector<std::string> target_modules = {
-      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-      "down_proj"};
+  std::vector<std::string> target_modules = llama_projections();
   double scaling() const {
     return rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
   }
@@ -167,8 +169,10 @@ using WeightSource = std::function<torch::Tensor(
 struct LlamaImpl : LanguageModel {
   // `context`: the longest sequence this instance handles (rotary tables,
   // generation caches); 0 = max_position_embeddings.
-  LlamaImpl(const HfModelConfig& config, const WeightSource& weights,
-            int64_t context);
+  LlamaImpl(
+      const HfModelConfig& config,
+      const WeightSource& weights,
+      int64_t context);
 
   torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr)
       override;

@@ -57,18 +57,24 @@ LoraSpec read_adapter_config(const std::string& dir) {
     refuse("fan_in_fan_out");
   if (j.value("bias", std::string("none")) != "none")
     refuse("trained biases (bias != none)");
-  for (const char* k : {"rank_pattern", "alpha_pattern", "modules_to_save",
-                        "layers_to_transform", "target_parameters"})
+  for (const char* k :
+       {"rank_pattern",
+        "alpha_pattern",
+        "modules_to_save",
+        "layers_to_transform",
+        "target_parameters"})
     if (set_and_not_empty(j, k))
       refuse(k);
   LoraSpec s;
-  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1)
+  if (!j.contains("r") || !j["r"].is_number_integer() ||
+      j["r"].get<int64_t>() < 1)
     throw UserError("'" + file + "' needs a positive integer 'r'.");
   s.r = j["r"];
   s.alpha = j.value("lora_alpha", double(s.r));
   s.dropout = j.value("lora_dropout", 0.0);
   s.rslora = j.value("use_rslora", false);
-  const auto& t = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+  const auto& t =
+      j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
   if (t.is_array()) {
     s.target_modules.clear();
     for (const auto& m : t)
@@ -76,8 +82,9 @@ LoraSpec read_adapter_config(const std::string& dir) {
   } else if (t.is_string() && t.get<std::string>() == "all-linear") {
     s.target_modules = {"all-linear"};
   } else {
-    refuse("a target_modules pattern (only a list of module names or "
-           "all-linear is read)");
+    refuse(
+        "a target_modules pattern (only a list of module names or "
+        "all-linear is read)");
   }
   s.target_modules = normalize_target_modules(s.target_modules);
   return s;
@@ -95,12 +102,17 @@ std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(
   return out;
 }
 
-void load_adapter(Llama& model, const std::string& dir, torch::ScalarType dtype) {
+void load_adapter(
+    Llama& model,
+    const std::string& dir,
+    torch::ScalarType dtype) {
   LoraSpec spec = read_adapter_config(dir);
-  const std::string file = (fs::path(dir) / "adapter_model.safetensors").string();
+  const std::string file =
+      (fs::path(dir) / "adapter_model.safetensors").string();
   if (!fs::exists(file))
     throw UserError(
-        "'" + dir + "' has no adapter_model.safetensors (adapter_model.bin, "
+        "'" + dir +
+        "' has no adapter_model.safetensors (adapter_model.bin, "
         "PyTorch's pickle format, is not read: save with "
         "safe_serialization=True).");
   auto f = safetensors::File::open(file);
@@ -148,7 +160,8 @@ void save_adapter(
   for (auto& [k, t] : adapter_tensors(model))
     tensors.push_back({k, t.detach()});
   safetensors::save(
-      (fs::path(dir) / "adapter_model.safetensors").string(), tensors,
+      (fs::path(dir) / "adapter_model.safetensors").string(),
+      tensors,
       {{"format", "pt"}});
   nlohmann::json j = {
       {"peft_type", "LORA"},
@@ -181,12 +194,13 @@ void write_merged_model(
   fs::create_directories(out_dir);
   auto state = model->merged_state();
   safetensors::save(
-      (fs::path(out_dir) / "model.safetensors").string(), state,
+      (fs::path(out_dir) / "model.safetensors").string(),
+      state,
       {{"format", "pt"}});
   nlohmann::json config = model->config.raw;
-  const std::string dtype = model->config.dtype == torch::kBFloat16
-      ? "bfloat16"
-      : model->config.dtype == torch::kFloat16 ? "float16" : "float32";
+  const std::string dtype = model->config.dtype == torch::kBFloat16 ? "bfloat16"
+      : model->config.dtype == torch::kFloat16                      ? "float16"
+                                                                    : "float32";
   if (config.contains("dtype"))
     config["dtype"] = dtype;
   else
@@ -194,8 +208,12 @@ void write_merged_model(
   atomic_write(
       (fs::path(out_dir) / "config.json").string(), config.dump(2) + "\n");
   for (const char* name :
-       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-        "generation_config.json", "chat_template.jinja", "tokenizer.model"}) {
+       {"tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+        "chat_template.jinja",
+        "tokenizer.model"}) {
     fs::path from = fs::path(base_dir) / name;
     if (fs::exists(from))
       fs::copy_file(

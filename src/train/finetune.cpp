@@ -67,8 +67,8 @@ int64_t model_parameter_count(const models::HfModelConfig& m) {
   const int64_t q = m.num_attention_heads * m.head_dim;
   const int64_t kv = m.num_key_value_heads * m.head_dim;
   const int64_t layer = C * q * 2 + C * kv * 2 + 3 * C * I + 2 * C;
-  return m.num_hidden_layers * layer + m.vocab_size * C *
-      (m.tie_word_embeddings ? 1 : 2) + C;
+  return m.num_hidden_layers * layer +
+      m.vocab_size * C * (m.tie_word_embeddings ? 1 : 2) + C;
 }
 
 models::LoraSpec lora_spec(const FinetuneConfig& cfg) {
@@ -91,156 +91,206 @@ const config::Schema& finetune_schema() {
   using C = FinetuneConfig;
   static const config::Schema schema = [] {
     config::Schema s("fine-tuning");
-    s.add({.key = "stage",
-           .access = field(&C::stage),
-           .help = "lora (adapters on a frozen base) or full (every weight)",
-           .choices = {"lora", "full"}});
-    s.add({.key = "model",
-           .access = field(&C::model),
-           .help = "the Hugging Face model folder (config.json, "
-                   "*.safetensors, tokenizer.json)",
-           .aliases = {"model_name_or_path", "base_model"}});
-    s.add({.key = "data",
-           .access = field(&C::data),
-           .help = "JSONL files or folders: chat messages, ShareGPT, "
-                   "prompt/completion or text; every 20th record validates",
-           .aliases = {"dataset", "train_file", "chat_data"}});
-    s.add({.key = "data_dir",
-           .access = field(&C::data_dir),
-           .help = "where tokenized data is cached (\"\": $ORCHARD_HOME)"});
-    s.add({.key = "lora.r",
-           .access = field(&C::lora_r),
-           .help = "adapter rank (16)",
-           .aliases = {"lora_r", "r"},
-           .min = 1,
-           .max = 4096});
-    s.add({.key = "lora.alpha",
-           .access = field(&C::lora_alpha),
-           .help = "adapter scale numerator: updates are scaled by alpha / r "
-                   "(32)",
-           .aliases = {"lora_alpha"},
-           .min = 0});
-    s.add({.key = "lora.dropout",
-           .access = field(&C::lora_dropout),
-           .help = "dropout on the adapters' input (0)",
-           .aliases = {"lora_dropout"},
-           .min = 0,
-           .max = 0.9});
-    s.add({.key = "lora.target_modules",
-           .access = field(&C::lora_target_modules),
-           .help = "projections that get adapters ([q_proj, k_proj, v_proj, "
-                   "o_proj, gate_proj, up_proj, down_proj]; short names "
-                   "and all-linear work)",
-           .aliases = {"target_modules", "lora_target_modules"}});
-    s.add({.key = "max_seq_length",
-           .access = field(&C::max_seq_length),
-           .help = "tokens per row; longer conversations are truncated (1024)",
-           .aliases = {"max_seq_len", "max_length"},
-           .min = 8});
-    s.add({.key = "device_batch_size",
-           .access = field(&C::device_batch_size),
-           .help = "rows per micro-step (auto: the largest the memory "
-                   "estimate fits, up to 16)",
-           .env = "DEVICE_BATCH_SIZE",
-           .aliases = {"per_device_train_batch_size", "batch_size"},
-           .min = 1});
-    s.add({.key = "gradient_accumulation_steps",
-           .access = field(&C::gradient_accumulation_steps),
-           .help = "micro-steps per optimizer step (1)",
-           .aliases = {"grad_accum"},
-           .min = 1});
-    s.add({.key = "pack",
-           .access = field(&C::pack),
-           .help = "pack whole conversations back to back in each row "
-                   "(true) or one padded conversation per row (false)",
-           .aliases = {"packing"}});
-    s.add({.key = "num_train_epochs",
-           .access = field(&C::num_train_epochs),
-           .help = "passes over the training data (1; a fraction works)",
-           .aliases = {"epochs"},
-           .min = 0.0001});
-    s.add({.key = "max_steps",
-           .access = field(&C::max_steps),
-           .help = "optimizer steps; wins over num_train_epochs",
-           .aliases = {"num_iterations", "iters"},
-           .min = 1});
-    s.add({.key = "learning_rate",
-           .access = field(&C::learning_rate),
-           .help = "peak learning rate (auto: 2e-4 lora, 1e-5 full)",
-           .aliases = {"lr"},
-           .min = 0});
-    s.add({.key = "weight_decay",
-           .access = field(&C::weight_decay),
-           .help = "AdamW weight decay (0)",
-           .min = 0});
-    s.add({.key = "warmup_steps",
-           .access = field(&C::warmup_steps),
-           .help = "linear warmup steps (0)",
-           .min = 0});
-    s.add({.key = "warmdown_ratio",
-           .access = field(&C::warmdown_ratio),
-           .help = "share of the run over which the rate decays linearly to "
-                   "zero (1: transformers' linear schedule; 0: constant)",
-           .min = 0,
-           .max = 1});
-    s.add({.key = "max_grad_norm",
-           .access = field(&C::max_grad_norm),
-           .help = "gradient clipping norm (1; 0 = off)",
-           .aliases = {"grad_clip"},
-           .min = 0});
-    s.add({.key = "optim",
-           .access = field(&C::optim),
-           .help = "optimizer: adamw_torch (AdamW)",
-           .choices = {"adamw_torch", "adamw"}});
-    s.add({.key = "adam_beta1", .access = field(&C::adam_beta1), .help = "0.9", .min = 0, .max = 1});
-    s.add({.key = "adam_beta2", .access = field(&C::adam_beta2), .help = "0.999", .min = 0, .max = 1});
-    s.add({.key = "adam_epsilon", .access = field(&C::adam_epsilon), .help = "1e-8", .min = 0});
-    s.add({.key = "dtype",
-           .access = field(&C::dtype),
-           .help = "lora: the frozen base's dtype; full: autocast's (auto: "
-                   "bfloat16 on CUDA 8.0+ and MPS, else float32)",
-           .choices = {"auto", "float32", "bfloat16", "float16"}});
-    s.add({.key = "fp16", .access = field(&C::fp16), .help = "transformers' switch: dtype=float16"});
-    s.add({.key = "bf16", .access = field(&C::bf16), .help = "transformers' switch: dtype=bfloat16"});
-    s.add({.key = "gradient_checkpointing",
-           .access = field(&C::gradient_checkpointing),
-           .help = "recompute each layer in the backward instead of keeping "
-                   "its activations (true)"});
-    s.add({.key = "memory_fraction",
-           .access = field(&C::memory_fraction),
-           .help = "share of usable memory the batch estimate fills (0.8)",
-           .min = 0.05,
-           .max = 1});
-    s.add({.key = "run",
-           .access = field(&C::run),
-           .help = "run name (\"\": the model folder's name); the run folder "
-                   "is runs/<stage>/<run>"});
-    s.add({.key = "run_dir",
-           .access = field(&C::run_dir),
-           .help = "the run folder itself (\"\": runs/<stage>/<run>)",
-           .aliases = {"output_dir"}});
-    s.add({.key = "resume",
-           .access = field(&C::resume),
-           .help = "auto (the run's newest checkpoint), never, or a "
-                   "checkpoint folder"});
-    s.add({.key = "save_steps",
-           .access = field(&C::save_steps),
-           .help = "steps between checkpoints (100)",
-           .aliases = {"save_every"},
-           .min = 1});
-    s.add({.key = "save_total_limit",
-           .access = field(&C::save_total_limit),
-           .help = "checkpoints kept (3; 0 = all)",
-           .min = 0});
-    s.add({.key = "eval_steps",
-           .access = field(&C::eval_steps),
-           .help = "steps between validation losses (100)",
-           .aliases = {"eval_every"},
-           .min = 1});
-    s.add({.key = "eval_tokens",
-           .access = field(&C::eval_tokens),
-           .help = "tokens of held-out records per evaluation (16384)",
-           .min = 1});
+    s.add(
+        {.key = "stage",
+         .access = field(&C::stage),
+         .help = "lora (adapters on a frozen base) or full (every weight)",
+         .choices = {"lora", "full"}});
+    s.add(
+        {.key = "model",
+         .access = field(&C::model),
+         .help = "the Hugging Face model folder (config.json, "
+                 "*.safetensors, tokenizer.json)",
+         .aliases = {"model_name_or_path", "base_model"}});
+    s.add(
+        {.key = "data",
+         .access = field(&C::data),
+         .help = "JSONL files or folders: chat messages, ShareGPT, "
+                 "prompt/completion or text; every 20th record validates",
+         .aliases = {"dataset", "train_file", "chat_data"}});
+    s.add(
+        {.key = "data_dir",
+         .access = field(&C::data_dir),
+         .help = "where tokenized data is cached (\"\": $ORCHARD_HOME)"});
+    s.add(
+        {.key = "lora.r",
+         .access = field(&C::lora_r),
+         .help = "adapter rank (16)",
+         .aliases = {"lora_r", "r"},
+         .min = 1,
+         .max = 4096});
+    s.add(
+        {.key = "lora.alpha",
+         .access = field(&C::lora_alpha),
+         .help = "adapter scale numerator: updates are scaled by alpha / r "
+                 "(32)",
+         .aliases = {"lora_alpha"},
+         .min = 0});
+    s.add(
+        {.key = "lora.dropout",
+         .access = field(&C::lora_dropout),
+         .help = "dropout on the adapters' input (0)",
+         .aliases = {"lora_dropout"},
+         .min = 0,
+         .max = 0.9});
+    s.add(
+        {.key = "lora.target_modules",
+         .access = field(&C::lora_target_modules),
+         .help = "projections that get adapters ([q_proj, k_proj, v_proj, "
+                 "o_proj, gate_proj, up_proj, down_proj]; short names "
+                 "and all-linear work)",
+         .aliases = {"target_modules", "lora_target_modules"}});
+    s.add(
+        {.key = "max_seq_length",
+         .access = field(&C::max_seq_length),
+         .help = "tokens per row; longer conversations are truncated (1024)",
+         .aliases = {"max_seq_len", "max_length"},
+         .min = 8});
+    s.add(
+        {.key = "device_batch_size",
+         .access = field(&C::device_batch_size),
+         .help = "rows per micro-step (auto: the largest the memory "
+                 "estimate fits, up to 16)",
+         .env = "DEVICE_BATCH_SIZE",
+         .aliases = {"per_device_train_batch_size", "batch_size"},
+         .min = 1});
+    s.add(
+        {.key = "gradient_accumulation_steps",
+         .access = field(&C::gradient_accumulation_steps),
+         .help = "micro-steps per optimizer step (1)",
+         .aliases = {"grad_accum"},
+         .min = 1});
+    s.add(
+        {.key = "pack",
+         .access = field(&C::pack),
+         .help = "pack whole conversations back to back in each row "
+                 "(true) or one padded conversation per row (false)",
+         .aliases = {"packing"}});
+    s.add(
+        {.key = "num_train_epochs",
+         .access = field(&C::num_train_epochs),
+         .help = "passes over the training data (1; a fraction works)",
+         .aliases = {"epochs"},
+         .min = 0.0001});
+    s.add(
+        {.key = "max_steps",
+         .access = field(&C::max_steps),
+         .help = "optimizer steps; wins over num_train_epochs",
+         .aliases = {"num_iterations", "iters"},
+         .min = 1});
+    s.add(
+        {.key = "learning_rate",
+         .access = field(&C::learning_rate),
+         .help = "peak learning rate (auto: 2e-4 lora, 1e-5 full)",
+         .aliases = {"lr"},
+         .min = 0});
+    s.add(
+        {.key = "weight_decay",
+         .access = field(&C::weight_decay),
+         .help = "AdamW weight decay (0)",
+         .min = 0});
+    s.add(
+        {.key = "warmup_steps",
+         .access = field(&C::warmup_steps),
+         .help = "linear warmup steps (0)",
+         .min = 0});
+    s.add(
+        {.key = "warmdown_ratio",
+         .access = field(&C::warmdown_ratio),
+         .help = "share of the run over which the rate decays linearly to "
+                 "zero (1: transformers' linear schedule; 0: constant)",
+         .min = 0,
+         .max = 1});
+    s.add(
+        {.key = "max_grad_norm",
+         .access = field(&C::max_grad_norm),
+         .help = "gradient clipping norm (1; 0 = off)",
+         .aliases = {"grad_clip"},
+         .min = 0});
+    s.add(
+        {.key = "optim",
+         .access = field(&C::optim),
+         .help = "optimizer: adamw_torch (AdamW)",
+         .choices = {"adamw_torch", "adamw"}});
+    s.add(
+        {.key = "adam_beta1",
+         .access = field(&C::adam_beta1),
+         .help = "0.9",
+         .min = 0,
+         .max = 1});
+    s.add(
+        {.key = "adam_beta2",
+         .access = field(&C::adam_beta2),
+         .help = "0.999",
+         .min = 0,
+         .max = 1});
+    s.add(
+        {.key = "adam_epsilon",
+         .access = field(&C::adam_epsilon),
+         .help = "1e-8",
+         .min = 0});
+    s.add(
+        {.key = "dtype",
+         .access = field(&C::dtype),
+         .help = "lora: the frozen base's dtype; full: autocast's (auto: "
+                 "bfloat16 on CUDA 8.0+ and MPS, else float32)",
+         .choices = {"auto", "float32", "bfloat16", "float16"}});
+    s.add(
+        {.key = "fp16",
+         .access = field(&C::fp16),
+         .help = "transformers' switch: dtype=float16"});
+    s.add(
+        {.key = "bf16",
+         .access = field(&C::bf16),
+         .help = "transformers' switch: dtype=bfloat16"});
+    s.add(
+        {.key = "gradient_checkpointing",
+         .access = field(&C::gradient_checkpointing),
+         .help = "recompute each layer in the backward instead of keeping "
+                 "its activations (true)"});
+    s.add(
+        {.key = "memory_fraction",
+         .access = field(&C::memory_fraction),
+         .help = "share of usable memory the batch estimate fills (0.8)",
+         .min = 0.05,
+         .max = 1});
+    s.add(
+        {.key = "run",
+         .access = field(&C::run),
+         .help = "run name (\"\": the model folder's name); the run folder "
+                 "is runs/<stage>/<run>"});
+    s.add(
+        {.key = "run_dir",
+         .access = field(&C::run_dir),
+         .help = "the run folder itself (\"\": runs/<stage>/<run>)",
+         .aliases = {"output_dir"}});
+    s.add(
+        {.key = "resume",
+         .access = field(&C::resume),
+         .help = "auto (the run's newest checkpoint), never, or a "
+                 "checkpoint folder"});
+    s.add(
+        {.key = "save_steps",
+         .access = field(&C::save_steps),
+         .help = "steps between checkpoints (100)",
+         .aliases = {"save_every"},
+         .min = 1});
+    s.add(
+        {.key = "save_total_limit",
+         .access = field(&C::save_total_limit),
+         .help = "checkpoints kept (3; 0 = all)",
+         .min = 0});
+    s.add(
+        {.key = "eval_steps",
+         .access = field(&C::eval_steps),
+         .help = "steps between validation losses (100)",
+         .aliases = {"eval_every"},
+         .min = 1});
+    s.add(
+        {.key = "eval_tokens",
+         .access = field(&C::eval_tokens),
+         .help = "tokens of held-out records per evaluation (16384)",
+         .min = 1});
     s.add({.key = "seed", .access = field(&C::seed), .help = "42"});
     return s;
   }();
@@ -288,7 +338,8 @@ FinetuneMemory finetune_memory(
   const double T = double(cfg.max_seq_length), C = double(m.hidden_size);
   const double I = double(m.intermediate_size), L = double(m.num_hidden_layers);
   r.weights = params * b;
-  const double trained = lora ? double(lora_parameter_count(m, lora_spec(cfg))) : params;
+  const double trained =
+      lora ? double(lora_parameter_count(m, lora_spec(cfg))) : params;
   if (lora)
     r.trainable = trained * 4;
   r.gradients = trained * 4;
@@ -305,7 +356,8 @@ FinetuneMemory finetune_memory(
       : tokens * L * layer;
   // The loss: chunks of 2^24 logits in float32 (logits, softmax, gradient)
   // plus the final hidden states in float32.
-  const double rows = std::min(tokens, std::floor(double(1 << 24) / double(m.vocab_size)));
+  const double rows =
+      std::min(tokens, std::floor(double(1 << 24) / double(m.vocab_size)));
   r.logits = rows * double(m.vocab_size) * (act_b + 12) + tokens * C * 4;
   r.workspace = 0.05 * r.weights + 256.0 * (1 << 20);
   return r;
@@ -345,26 +397,40 @@ FinetunePlan plan_finetune(
 }
 
 std::string finetune_plan_table(const FinetunePlan& p) {
-  std::string s = "Budget: " + format_mb(double(p.budget)) + " (" +
-      p.budget_why + ")\n\n";
+  std::string s =
+      "Budget: " + format_mb(double(p.budget)) + " (" + p.budget_why + ")\n\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%6s %10s %12s %12s %10s %10s %12s  %s\n",
-                "batch", "weights", "trained+opt", "activations", "loss",
-                "workspace", "total", "fits");
+  std::snprintf(
+      line,
+      sizeof line,
+      "%6s %10s %12s %12s %10s %10s %12s  %s\n",
+      "batch",
+      "weights",
+      "trained+opt",
+      "activations",
+      "loss",
+      "workspace",
+      "total",
+      "fits");
   s += line;
   for (const auto& r : p.rows) {
     const auto& m = r.memory;
     std::snprintf(
-        line, sizeof line, "%6lld %10s %12s %12s %10s %10s %12s  %s\n",
-        (long long)r.batch, format_mb(m.weights).c_str(),
+        line,
+        sizeof line,
+        "%6lld %10s %12s %12s %10s %10s %12s  %s\n",
+        (long long)r.batch,
+        format_mb(m.weights).c_str(),
         format_mb(m.trainable + m.gradients + m.optimizer).c_str(),
-        format_mb(m.activations).c_str(), format_mb(m.logits).c_str(),
-        format_mb(m.workspace).c_str(), format_mb(m.total()).c_str(),
+        format_mb(m.activations).c_str(),
+        format_mb(m.logits).c_str(),
+        format_mb(m.workspace).c_str(),
+        format_mb(m.total()).c_str(),
         r.fits ? "yes" : "no");
     s += line;
   }
-  s += "\nChoice: device_batch_size=" + std::to_string(p.choice.batch) +
-      " (" + format_mb(p.choice.memory.total()) + "): " + p.why + ".\n";
+  s += "\nChoice: device_batch_size=" + std::to_string(p.choice.batch) + " (" +
+      format_mb(p.choice.memory.total()) + "): " + p.why + ".\n";
   return s;
 }
 
@@ -399,23 +465,27 @@ FinetuneResult run_finetune(
         : "asked for";
   } else {
     precision = resolve_precision(
-        cfg.fp16 ? "float16" : cfg.bf16 ? "bfloat16" : cfg.dtype, device);
+        cfg.fp16       ? "float16"
+            : cfg.bf16 ? "bfloat16"
+                       : cfg.dtype,
+        device);
   }
   const int64_t T = cfg.max_seq_length;
   if (mc.sliding_window && T > *mc.sliding_window)
     throw UserError(
-        "max_seq_length=" + std::to_string(T) + " is longer than the model's "
-        "sliding_window (" + std::to_string(*mc.sliding_window) +
-        "); lower max_seq_length.");
+        "max_seq_length=" + std::to_string(T) +
+        " is longer than the model's "
+        "sliding_window (" +
+        std::to_string(*mc.sliding_window) + "); lower max_seq_length.");
   if (T > mc.max_position_embeddings)
     throw UserError(
-        "max_seq_length=" + std::to_string(T) + " is longer than the model's "
+        "max_seq_length=" + std::to_string(T) +
+        " is longer than the model's "
         "max_position_embeddings (" +
         std::to_string(mc.max_position_embeddings) + ").");
 
   FinetuneResult result;
-  const std::string name = !cfg.run.empty()
-      ? cfg.run
+  const std::string name = !cfg.run.empty() ? cfg.run
       : fs::path(cfg.model).lexically_normal().filename().string().empty()
       ? fs::path(cfg.model).lexically_normal().parent_path().filename().string()
       : fs::path(cfg.model).lexically_normal().filename().string();
@@ -424,16 +494,22 @@ FinetuneResult run_finetune(
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
   config::write_yaml(
-      result.run_dir + "/config.yaml", finetune_schema(), const_cast<FinetuneConfig*>(&cfg), origins);
+      result.run_dir + "/config.yaml",
+      finetune_schema(),
+      const_cast<FinetuneConfig*>(&cfg),
+      origins);
 
   // Data: the model's tokenizer and chat template; cached by content.
   PretrainConfig pc;
   pc.data_dir = cfg.data_dir;
   pc.chat_data = cfg.data;
   pc.max_seq_len = T;
-  ChatData chats = prepare_chat_data(pc, cfg.model, [&](const std::string& s) { log(s); });
-  auto train_file = std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
-  auto val_file = std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
+  ChatData chats =
+      prepare_chat_data(pc, cfg.model, [&](const std::string& s) { log(s); });
+  auto train_file =
+      std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
+  auto val_file =
+      std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
 
   // Batch: as given, or the largest of 1, 2, 4, 8, 16 the estimate fits.
   const FinetunePlan plan = plan_finetune(mc, cfg, dtype, device);
@@ -527,7 +603,8 @@ FinetuneResult run_finetune(
           "the held-out records of " + chats.val +
           " have no answer tokens to evaluate; check the data.");
     const double loss = nats / count;
-    return EvalResult{loss, {}, "val loss on held-out answers " + fmt("%.4f", loss)};
+    return EvalResult{
+        loss, {}, "val loss on held-out answers " + fmt("%.4f", loss)};
   };
   task.data_state = [loader] {
     auto s = loader->state();
@@ -578,9 +655,9 @@ FinetuneResult run_finetune(
     log("Parameters: " + std::to_string(result.trainable_parameters) +
         " trained of " + std::to_string(result.parameters) +
         (lora ? " (LoRA r=" + std::to_string(spec.r) + ", alpha " +
-                    fmt("%g", spec.alpha) + ", on " +
-                    std::to_string(spec.target_modules.size()) +
-                    " projection kinds)"
+                 fmt("%g", spec.alpha) + ", on " +
+                 std::to_string(spec.target_modules.size()) +
+                 " projection kinds)"
               : std::string(" (full)")));
     log("Precision: " + precision.name + " (" + precision.why + ")");
     log("Memory estimate: " + format_mb(est.total()) + " (weights " +
@@ -608,15 +685,17 @@ FinetuneResult run_finetune(
   // The result in the formats other tools read, from the final weights.
   if (lora) {
     result.output_dir = result.run_dir + "/adapter";
-    models::save_adapter(model, spec, result.output_dir, fs::absolute(cfg.model).string());
+    models::save_adapter(
+        model, spec, result.output_dir, fs::absolute(cfg.model).string());
   } else {
     result.output_dir = result.run_dir + "/model";
     models::write_merged_model(model, cfg.model, result.output_dir);
   }
   if (!tr.already_done)
     log("Done: step " + std::to_string(total) +
-        ", validation loss on held-out answers " + fmt("%.4f", result.val_loss) +
-        ". " + (lora ? "Adapter (PEFT format): " : "Model folder: ") +
+        ", validation loss on held-out answers " +
+        fmt("%.4f", result.val_loss) + ". " +
+        (lora ? "Adapter (PEFT format): " : "Model folder: ") +
         result.output_dir);
   return result;
 }

@@ -29,17 +29,15 @@
 namespace orchard::train {
 
 struct FinetuneConfig {
-  std::string stage = "lora"; // lora | full
-  std::string model;          // a Hugging Face model folder
+  std::string stage = "lora";    // lora | full
+  std::string model;             // a Hugging Face model folder
   std::vector<std::string> data; // JSONL files or folders
   std::string data_dir; // "": $ORCHARD_HOME (tokenized data is cached there)
 
   int64_t lora_r = 16;
   double lora_alpha = 32;
   double lora_dropout = 0.0;
-  std::vector<std::string> lora_target_modules = {
-      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-      "down_proj"};
+  std::vector<std::string> lora_target_modules = models::llama_projections();
 
   int64_t max_seq_length = 1024;
   std::optional<int64_t> device_batch_size; // auto: the memory estimate's
@@ -96,8 +94,8 @@ struct FinetuneMemory {
   double weights = 0, trainable = 0, gradients = 0, optimizer = 0;
   double activations = 0, logits = 0, workspace = 0;
   double total() const {
-    return weights + trainable + gradients + optimizer + activations +
-        logits + workspace;
+    return weights + trainable + gradients + optimizer + activations + logits +
+        workspace;
   }
 };
 FinetuneMemory finetune_memory(
@@ -129,7 +127,9 @@ FinetunePlan plan_finetune(
 std::string finetune_plan_table(const FinetunePlan& plan);
 
 // The base weights' dtype for `cfg` on `device` (see FinetuneConfig::dtype).
-torch::ScalarType finetune_dtype(const FinetuneConfig& cfg, const DeviceInfo& device);
+torch::ScalarType finetune_dtype(
+    const FinetuneConfig& cfg,
+    const DeviceInfo& device);
 
 FinetuneResult run_finetune(
     const FinetuneConfig& cfg,

@@ -156,8 +156,7 @@ int64_t Trainer::resume() {
     auto it = ckpt->model.find(key);
     if (it == ckpt->model.end() || it->second.sizes() != value.sizes())
       throw UserError(
-          "checkpoint " + ckpt->dir + " does not fit this model ('" +
-          key +
+          "checkpoint " + ckpt->dir + " does not fit this model ('" + key +
           "' missing or of another shape): the architecture settings changed. "
           "Use the original settings, another run name, or resume=never.");
     value.copy_(it->second);

@@ -29,33 +29,35 @@ std::string write_chats(const TempDir& dir) {
   std::string text;
   for (int i = 0; i < 40; ++i) {
     const auto& [w, d] = words[size_t(i) % words.size()];
-    text += nlohmann::json{
-                {"messages",
-                 {{{"role", "user"}, {"content", "what is a " + w + "?"}},
-                  {{"role", "assistant"}, {"content", d + "."}}}}}
-                .dump() +
+    text +=
+        nlohmann::json{
+            {"messages",
+             {{{"role", "user"}, {"content", "what is a " + w + "?"}},
+              {{"role", "assistant"}, {"content", d + "."}}}}}
+            .dump() +
         "\n";
   }
   return dir.write("chat.jsonl", text);
 }
 
 std::vector<std::string> lora_args(const std::string& data, int steps) {
-  return {"train",
-          "stage=lora",
-          "model=" + kLlama,
-          "data=" + data,
-          "max_steps=" + std::to_string(steps),
-          "max_seq_length=64",
-          "per_device_train_batch_size=4",
-          "gradient_accumulation_steps=2",
-          "lora.r=4",
-          "lora.alpha=8",
-          "learning_rate=5e-3",
-          "warmdown_ratio=0",
-          "save_steps=2",
-          "eval_steps=3",
-          "--device",
-          "cpu"};
+  return {
+      "train",
+      "stage=lora",
+      "model=" + kLlama,
+      "data=" + data,
+      "max_steps=" + std::to_string(steps),
+      "max_seq_length=64",
+      "per_device_train_batch_size=4",
+      "gradient_accumulation_steps=2",
+      "lora.r=4",
+      "lora.alpha=8",
+      "learning_rate=5e-3",
+      "warmdown_ratio=0",
+      "save_steps=2",
+      "eval_steps=3",
+      "--device",
+      "cpu"};
 }
 
 std::map<std::string, torch::Tensor> adapter_of(const std::string& dir) {
@@ -65,7 +67,8 @@ std::map<std::string, torch::Tensor> adapter_of(const std::string& dir) {
 TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   TempDir tmp;
   const std::string data = write_chats(tmp);
-  const std::map<std::string, std::string> env = {{"ORCHARD_HOME", tmp.file("home")}};
+  const std::map<std::string, std::string> env = {
+      {"ORCHARD_HOME", tmp.file("home")}};
   fs::create_directories(tmp.file("a"));
   fs::create_directories(tmp.file("b"));
   // Straight through: 6 steps.
@@ -111,8 +114,15 @@ TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   // model's, and differs from the base alone.
   auto greedy = [&](std::vector<std::string> model) {
     std::vector<std::string> args = {
-        "generate", "--prompt", "what is a river", "--temperature", "0",
-        "--max-new-tokens", "12", "--device", "cpu"};
+        "generate",
+        "--prompt",
+        "what is a river",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "12",
+        "--device",
+        "cpu"};
     args.insert(args.end(), model.begin(), model.end());
     auto g = run_orchard(args, env, tmp.path().string());
     EXPECT_EQ(g.exit_code, 0) << g.out << g.err;
@@ -121,22 +131,44 @@ TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   };
   const std::string with_adapter = greedy({"--model", kLlama, "--adapter", a});
   r = run_orchard(
-      {"lora", "merge", "--model", kLlama, "--adapter", tmp.file("a/runs/lora/llama"),
-       "--out", tmp.file("merged")},
+      {"lora",
+       "merge",
+       "--model",
+       kLlama,
+       "--adapter",
+       tmp.file("a/runs/lora/llama"),
+       "--out",
+       tmp.file("merged")},
       env);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(fs::exists(tmp.file("merged/tokenizer.json")));
   EXPECT_EQ(greedy({"--model", tmp.file("merged")}), with_adapter);
   // Merging into a folder that has files needs --force.
   r = run_orchard(
-      {"lora", "merge", "--model", kLlama, "--adapter", a, "--out", tmp.file("merged")},
+      {"lora",
+       "merge",
+       "--model",
+       kLlama,
+       "--adapter",
+       a,
+       "--out",
+       tmp.file("merged")},
       env);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
   // Chat through the adapter, once.
   r = run_orchard(
-      {"chat", "--model", kLlama, "--adapter", a, "-p", "what is a fox?",
-       "--max-new-tokens", "4", "--device", "cpu"},
+      {"chat",
+       "--model",
+       kLlama,
+       "--adapter",
+       a,
+       "-p",
+       "what is a fox?",
+       "--max-new-tokens",
+       "4",
+       "--device",
+       "cpu"},
       env);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("+ adapter"), std::string::npos) << r.out;
@@ -147,19 +179,32 @@ TEST(Finetune, FullFineTuningWritesAModelFolder) {
   const std::string data = write_chats(tmp);
   auto args = lora_args(data, 2);
   args[1] = "stage=full";
-  args.erase(std::remove_if(args.begin(), args.end(), [](const std::string& a) {
-               return a.rfind("lora.", 0) == 0;
-             }), args.end());
-  auto r = run_orchard(args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+  args.erase(
+      std::remove_if(
+          args.begin(),
+          args.end(),
+          [](const std::string& a) { return a.rfind("lora.", 0) == 0; }),
+      args.end());
+  auto r = run_orchard(
+      args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string out = tmp.file("runs/full/llama/model");
   ASSERT_TRUE(fs::exists(out + "/model.safetensors"));
   auto w = safetensors::load(out);
   auto base = safetensors::load(kLlama + "/model.safetensors");
   EXPECT_FALSE(torch::equal(
-      w["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"]));
+      w["model.layers.0.mlp.up_proj.weight"],
+      base["model.layers.0.mlp.up_proj.weight"]));
   r = run_orchard(
-      {"generate", "--model", out, "--prompt", "hi", "--max-new-tokens", "3", "--device", "cpu"});
+      {"generate",
+       "--model",
+       out,
+       "--prompt",
+       "hi",
+       "--max-new-tokens",
+       "3",
+       "--device",
+       "cpu"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
@@ -192,8 +237,15 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
           .dump());
   auto plan = [&](const std::string& gb) {
     return run_orchard(
-        {"plan", "--preset", "lora-llama-3.2-3b", "model=" + tmp.file("l3b"),
-         "--assume-device", "mps", "--memory-gb", gb, "--json"});
+        {"plan",
+         "--preset",
+         "lora-llama-3.2-3b",
+         "model=" + tmp.file("l3b"),
+         "--assume-device",
+         "mps",
+         "--memory-gb",
+         gb,
+         "--json"});
   };
   auto r = plan("16");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -210,8 +262,14 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   // auto batch on 32 GB picks more rows, monotone in memory.
   r = run_orchard(
-      {"plan", "stage=lora", "model=" + tmp.file("l3b"), "--assume-device", "mps",
-       "--memory-gb", "32", "--json"});
+      {"plan",
+       "stage=lora",
+       "model=" + tmp.file("l3b"),
+       "--assume-device",
+       "mps",
+       "--memory-gb",
+       "32",
+       "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_GT(j["choice"]["batch"].get<int>(), 1);
@@ -220,34 +278,60 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
 TEST(Finetune, BadInputSaysWhatAndHow) {
   TempDir tmp;
   const std::string data = write_chats(tmp);
-  auto expect_error = [&](std::vector<std::string> args, const std::string& what,
+  auto expect_error = [&](std::vector<std::string> args,
+                          const std::string& what,
                           int code = 2) {
-    auto r = run_orchard(args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+    auto r = run_orchard(
+        args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
     EXPECT_EQ(r.exit_code, code) << r.out << r.err;
     EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
   };
   expect_error({"train", "stage=lora", "data=" + data}, "needs model=DIR");
   expect_error({"train", "stage=lora", "model=" + kLlama}, "needs data=FILE");
-  expect_error({"train", "stage=lora", "model=" + tmp.file("none"), "data=" + data},
-               "does not exist");
-  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data, "lora.rank=2"},
-               "did you mean 'lora.r'");
-  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data,
-                "max_seq_length=64", "lora.target_modules=[qkv]"},
-               "q_proj");
-  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data,
-                "max_seq_length=4096"},
-               "max_position_embeddings");
-  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + data, "fp16=true",
-                "bf16=true"},
-               "choose one");
+  expect_error(
+      {"train", "stage=lora", "model=" + tmp.file("none"), "data=" + data},
+      "does not exist");
+  expect_error(
+      {"train", "stage=lora", "model=" + kLlama, "data=" + data, "lora.rank=2"},
+      "did you mean 'lora.r'");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + kLlama,
+       "data=" + data,
+       "max_seq_length=64",
+       "lora.target_modules=[qkv]"},
+      "q_proj");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + kLlama,
+       "data=" + data,
+       "max_seq_length=4096"},
+      "max_position_embeddings");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + kLlama,
+       "data=" + data,
+       "fp16=true",
+       "bf16=true"},
+      "choose one");
   tmp.write("bad.jsonl", "{\"messages\": [{\"role\": \"user\"}]}\n");
-  expect_error({"train", "stage=lora", "model=" + kLlama, "data=" + tmp.file("bad.jsonl"),
-                "max_seq_length=64"},
-               "bad.jsonl:1", /*code=*/1); // a data error, as orchard data chat
-  expect_error({"chat", "--adapter", tmp.path().string(), "-p", "hi"}, "--adapter needs --model");
-  expect_error({"chat", "--model", kLlama, "--adapter", tmp.path().string(), "-p", "hi"},
-               "adapter_config.json");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + kLlama,
+       "data=" + tmp.file("bad.jsonl"),
+       "max_seq_length=64"},
+      "bad.jsonl:1",
+      /*code=*/1); // a data error, as orchard data chat
+  expect_error(
+      {"chat", "--adapter", tmp.path().string(), "-p", "hi"},
+      "--adapter needs --model");
+  expect_error(
+      {"chat", "--model", kLlama, "--adapter", tmp.path().string(), "-p", "hi"},
+      "adapter_config.json");
 }
 
 } // namespace

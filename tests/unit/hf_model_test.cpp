@@ -30,11 +30,15 @@ std::map<std::string, torch::Tensor> reference(const std::string& dir) {
 }
 
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64))
+      .abs()
+      .max()
+      .item<double>();
 }
 
-models::Llama load(const std::string& arch,
-                   std::optional<torch::ScalarType> dtype = std::nullopt) {
+models::Llama load(
+    const std::string& arch,
+    std::optional<torch::ScalarType> dtype = std::nullopt) {
   models::LoadOptions opt;
   opt.dtype = dtype;
   return models::load_hf_model(kHf + "/" + arch, opt);
@@ -66,8 +70,10 @@ TEST_P(HfArch, Bfloat16LogitsEqualTransformers) {
   const double scale = std::max(1.0, want.abs().max().item<double>());
   EXPECT_LE(max_diff(logits, want), 2 * scale / 256) << GetParam();
   // Most logits agree to a step: the mean difference is a fraction of one.
-  const double mean =
-      (logits.to(torch::kFloat64) - want.to(torch::kFloat64)).abs().mean().item<double>();
+  const double mean = (logits.to(torch::kFloat64) - want.to(torch::kFloat64))
+                          .abs()
+                          .mean()
+                          .item<double>();
   EXPECT_LT(mean, scale / 512) << GetParam();
 }
 
@@ -77,7 +83,8 @@ TEST_P(HfArch, LossAndGradientsEqualTransformers) {
   auto ref = reference(kHf + "/" + GetParam());
   auto ids = ref["input_ids"];
   auto targets = torch::full_like(ids, -1);
-  targets.narrow(1, 0, ids.size(1) - 1).copy_(ids.narrow(1, 1, ids.size(1) - 1));
+  targets.narrow(1, 0, ids.size(1) - 1)
+      .copy_(ids.narrow(1, 1, ids.size(1) - 1));
   auto loss = model->loss(ids, targets);
   EXPECT_NEAR(loss.item<double>(), ref["loss"].item<double>(), 1e-5);
   loss.backward();
@@ -92,7 +99,9 @@ TEST_P(HfArch, LossAndGradientsEqualTransformers) {
     auto* p = params.find(name);
     ASSERT_NE(p, nullptr) << name;
     ASSERT_TRUE(p->grad().defined()) << name;
-    EXPECT_LT(max_diff(p->grad(), want), 1e-5 + 1e-3 * want.abs().max().item<double>())
+    EXPECT_LT(
+        max_diff(p->grad(), want),
+        1e-5 + 1e-3 * want.abs().max().item<double>())
         << name;
     ++checked;
   }
@@ -210,8 +219,9 @@ std::string copy_model(const TempDir& tmp, const std::string& arch) {
   return dir;
 }
 
-void edit_json(const std::string& file,
-               const std::function<void(nlohmann::json&)>& edit) {
+void edit_json(
+    const std::string& file,
+    const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json j;
   {
     std::ifstream in(file);
@@ -234,8 +244,9 @@ std::string error_of(Fn fn) {
 TEST(HfModel, BadFoldersSayWhatAndHow) {
   TempDir tmp;
   EXPECT_NE(
-      error_of([&] { models::read_hf_config(tmp.file("nope")); })
-          .find("does not exist"),
+      error_of([&] {
+        models::read_hf_config(tmp.file("nope"));
+      }).find("does not exist"),
       std::string::npos);
   auto dir = copy_model(tmp, "mistral");
   edit_json(dir + "/config.json", [](auto& j) {
@@ -268,12 +279,14 @@ TEST(Lora, PeftAdapterGivesPeftsLogitsLossAndGradients) {
   model->eval();
   {
     torch::NoGradGuard no_grad;
-    EXPECT_LT(max_diff(model->forward(ref["input_ids"]), ref["logits_fp32"]), 1e-4);
+    EXPECT_LT(
+        max_diff(model->forward(ref["input_ids"]), ref["logits_fp32"]), 1e-4);
   }
   model->train();
   auto ids = ref["input_ids"];
   auto targets = torch::full_like(ids, -1);
-  targets.narrow(1, 0, ids.size(1) - 1).copy_(ids.narrow(1, 1, ids.size(1) - 1));
+  targets.narrow(1, 0, ids.size(1) - 1)
+      .copy_(ids.narrow(1, 1, ids.size(1) - 1));
   auto loss = model->loss(ids, targets);
   EXPECT_NEAR(loss.item<double>(), ref["loss"].item<double>(), 1e-5);
   loss.backward();
@@ -282,14 +295,17 @@ TEST(Lora, PeftAdapterGivesPeftsLogitsLossAndGradients) {
     auto it = ref.find("grad." + key);
     if (it == ref.end())
       continue;
-    EXPECT_LT(max_diff(t.grad(), it->second), 1e-6 + 1e-3 * it->second.abs().max().item<double>())
+    EXPECT_LT(
+        max_diff(t.grad(), it->second),
+        1e-6 + 1e-3 * it->second.abs().max().item<double>())
         << key;
     ++checked;
   }
   EXPECT_EQ(checked, 4);
   // Only the adapters train.
   for (const auto& p : model->named_parameters())
-    EXPECT_EQ(p.value().requires_grad(), p.key().find(".lora_") != std::string::npos)
+    EXPECT_EQ(
+        p.value().requires_grad(), p.key().find(".lora_") != std::string::npos)
         << p.key();
 }
 
@@ -302,9 +318,12 @@ TEST(Lora, MergedModelGivesPeftsMergedLogits) {
   merged->eval();
   auto ref = reference(kHf + "/llama_lora");
   torch::NoGradGuard no_grad;
-  EXPECT_LT(max_diff(merged->forward(ref["input_ids"]), ref["merged_logits_fp32"]), 1e-4);
+  EXPECT_LT(
+      max_diff(merged->forward(ref["input_ids"]), ref["merged_logits_fp32"]),
+      1e-4);
   // Tied embeddings stay tied: no lm_head.weight is written.
-  EXPECT_FALSE(safetensors::Reader::open(tmp.file("merged")).contains("lm_head.weight"));
+  EXPECT_FALSE(
+      safetensors::Reader::open(tmp.file("merged")).contains("lm_head.weight"));
   EXPECT_TRUE(fs::exists(tmp.file("merged/tokenizer.json")));
 }
 
@@ -323,7 +342,8 @@ TEST(Lora, SavedAdapterRoundTripsInPeftsLayout) {
       t.normal_(0, 0.1); // B starts at zero; make it count
   }
   models::save_adapter(model, spec, tmp.file("adapter"), kHf + "/qwen2");
-  auto f = safetensors::File::open(tmp.file("adapter/adapter_model.safetensors"));
+  auto f =
+      safetensors::File::open(tmp.file("adapter/adapter_model.safetensors"));
   EXPECT_TRUE(f.contains(
       "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
   EXPECT_EQ(f.tensors().size(), 12u);
@@ -343,7 +363,8 @@ TEST(Lora, SavedAdapterRoundTripsInPeftsLayout) {
 TEST(Lora, AdaptersOrchardCannotApplyAreRefused) {
   TempDir tmp;
   fs::copy(kHf + "/llama_lora", tmp.file("a"), fs::copy_options::recursive);
-  edit_json(tmp.file("a/adapter_config.json"), [](auto& j) { j["use_dora"] = true; });
+  edit_json(
+      tmp.file("a/adapter_config.json"), [](auto& j) { j["use_dora"] = true; });
   auto msg = error_of([&] { models::read_adapter_config(tmp.file("a")); });
   EXPECT_NE(msg.find("DoRA"), std::string::npos) << msg;
   edit_json(tmp.file("a/adapter_config.json"), [](auto& j) {
@@ -359,7 +380,8 @@ TEST(Lora, AdaptersOrchardCannotApplyAreRefused) {
   edit_json(tmp.file("a/adapter_config.json"), [](auto& j) {
     j["target_modules"] = {"q_proj"};
   });
-  msg = error_of([&] { models::load_adapter(model = load("llama"), tmp.file("a")); });
+  msg = error_of(
+      [&] { models::load_adapter(model = load("llama"), tmp.file("a")); });
   EXPECT_NE(msg.find("another model"), std::string::npos) << msg;
   msg = error_of([&] { models::normalize_target_modules({"qkv"}); });
   EXPECT_NE(msg.find("q_proj"), std::string::npos) << msg;
@@ -392,8 +414,10 @@ TEST(Lora, Bfloat16BaseGivesTheFloat32ResultsWithinRounding) {
   const double scale = full[0].abs().max().item<double>();
   EXPECT_LT(max_diff(half[0], full[0]), 0.05 * scale);
   for (size_t i = 1; i < full.size(); ++i) {
-    auto a = full[i].flatten().to(torch::kFloat64), b = half[i].flatten().to(torch::kFloat64);
-    const double cos = (a.dot(b) / (a.norm() * b.norm() + 1e-30)).item<double>();
+    auto a = full[i].flatten().to(torch::kFloat64),
+         b = half[i].flatten().to(torch::kFloat64);
+    const double cos =
+        (a.dot(b) / (a.norm() * b.norm() + 1e-30)).item<double>();
     EXPECT_GT(cos, 0.99) << i;
   }
 }
@@ -452,8 +476,9 @@ TEST(Lora, WritesGoldenForPeftWhenAsked) {
   auto ids = reference(kHf + "/llama")["input_ids"];
   model->eval();
   torch::NoGradGuard no_grad;
-  safetensors::save(dir + "/adapter_logits.safetensors",
-                    {{"input_ids", ids}, {"logits", model->forward(ids)}});
+  safetensors::save(
+      dir + "/adapter_logits.safetensors",
+      {{"input_ids", ids}, {"logits", model->forward(ids)}});
   models::write_merged_model(model, kHf + "/llama", dir + "/merged");
 }
 
