@@ -2,6 +2,7 @@
 // arguments: the default model pretrained on the default corpus (WordNet),
 // on the best device.
 #include "cli/common.h"
+#include "infer/chat.h"
 #include "train/finetune.h"
 
 #include <cstdio>
@@ -21,6 +22,46 @@ int run_finetune_command(const ConfigFlags& flags, const DeviceFlags& dflags) {
     std::printf("Stopped; the same command resumes from the checkpoint.\n");
     return 0;
   }
+  // Answers to held-out questions from the result, and the run report.
+  train::StageReport report;
+  train::TrainResult& t = report.result;
+  t.stage = cfg.stage;
+  t.run_dir = r.run_dir;
+  t.tokenizer_dir = cfg.model;
+  t.init_dir = cfg.model;
+  t.data_description = r.data_description;
+  t.step = r.step;
+  t.total = r.total;
+  t.val_loss = r.val_loss;
+  t.train_seconds = r.train_seconds;
+  t.peak_memory_bytes = r.peak_memory_bytes;
+  t.checkpoint_dir = r.output_dir;
+  t.chat_val = r.chat_val;
+  ModelFlags mf;
+  mf.model_dir = cfg.stage == "lora" ? cfg.model : r.output_dir;
+  if (cfg.stage == "lora")
+    mf.adapter = r.output_dir;
+  infer::SamplingOptions so;
+  so.max_new_tokens = 48;
+  so.temperature = 0.7;
+  so.seed = uint64_t(cfg.seed);
+  infer::LoadedModel loaded = load_model(mf, d);
+  report.sample_note =
+      "answers to held-out questions (the model never trained on these "
+      "records)";
+  for (auto& s : infer::sample_chat_answers(loaded, r.chat_val, 3, so))
+    report.samples.push_back({s.question, s.answer, s.reference});
+  if (!r.already_done) {
+    std::printf("\nSamples: %s\n", report.sample_note.c_str());
+    for (const auto& s : report.samples)
+      std::printf(
+          "  Q: %s\n  A: %s\n     (reference: %s)\n",
+          s.prompt.c_str(),
+          s.output.c_str(),
+          s.reference.c_str());
+  }
+  train::write_stage_report(d, report);
+  std::printf("Report: %s/report.md\n", r.run_dir.c_str());
   if (cfg.stage == "lora")
     std::printf(
         "\nChat with it: orchard chat --model %s --adapter %s\n"

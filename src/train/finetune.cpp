@@ -506,6 +506,8 @@ FinetuneResult run_finetune(
   pc.max_seq_len = T;
   ChatData chats =
       prepare_chat_data(pc, cfg.model, [&](const std::string& s) { log(s); });
+  result.data_description = chats.description;
+  result.chat_val = chats.val;
   auto train_file =
       std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
   auto val_file =

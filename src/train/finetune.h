@@ -79,6 +79,7 @@ bool is_finetune_stage(const std::string& stage);
 
 struct FinetuneResult {
   std::string run_dir, output_dir; // adapter/ or model/
+  std::string data_description, chat_val; // held-out records (.chat)
   int64_t step = 0, total = 0;
   double val_loss = 0;
   bool interrupted = false, already_done = false;

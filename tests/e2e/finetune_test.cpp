@@ -76,6 +76,13 @@ TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("Parameters: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Adapter (PEFT format)"), std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("Samples: answers to held-out questions"), std::string::npos)
+      << r.out;
+  const std::string report =
+      test::read_text(tmp.file("a/runs/lora/llama/report.md"));
+  EXPECT_NE(report.find("| Stage | lora"), std::string::npos) << report;
+  EXPECT_NE(report.find("Peak memory"), std::string::npos) << report;
   const std::string a = tmp.file("a/runs/lora/llama/adapter");
   ASSERT_TRUE(fs::exists(a + "/adapter_config.json"));
   std::ifstream in(a + "/adapter_config.json");
