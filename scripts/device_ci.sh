@@ -16,19 +16,7 @@ step "python safetensors fixtures"
 python3 -c 'import torch, safetensors, transformers; print("torch", torch.__version__, "safetensors", safetensors.__version__, "cuda", torch.cuda.is_available())'
 python3 $FIX/make_fixtures.py $FIX || status=1
 
-# PCRE2, cpp-httplib (with the OpenSSL, zlib and Brotli headers its
-# pkg-config file asks for) and libedit are missing on that machine: unpack
-# the Debian packages ../shared/device/fetch-debs.sh put in .device-debs
-# (carried): fetch-debs.sh libssl-dev zlib1g-dev libbrotli-dev libedit-dev
-# libedit2.
-if ls .device-debs/*.deb >/dev/null 2>&1; then
-  D=$(mktemp -d); for f in .device-debs/*.deb; do dpkg -x "$f" "$D"; done
-  export PKG_CONFIG_PATH=$D/usr/lib/x86_64-linux-gnu/pkgconfig
-  export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-  # The .pc files say prefix=/usr: point the compiler and linker there too.
-  export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
-  EXTRA_PREFIX=$D/usr
-fi
+source scripts/device_debs.sh
 
 step "configure + build"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')

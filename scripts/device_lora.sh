@@ -14,13 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 mode="${1:-build}"
 status=0
-if ls .device-debs/*.deb >/dev/null 2>&1; then
-  D=$(mktemp -d); for f in .device-debs/*.deb; do dpkg -x "$f" "$D"; done
-  export PKG_CONFIG_PATH=$D/usr/lib/x86_64-linux-gnu/pkgconfig
-  export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-  export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
-  EXTRA_PREFIX=$D/usr
-fi
+source scripts/device_debs.sh
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 if [ ! -x build-cuda/orchard ] || [ "$mode" = build ]; then
   start=$(date +%s)

@@ -63,9 +63,6 @@ Command register_lora(CLI::App& root) {
               " is not one of auto, float32, bfloat16, float16.");
         opt.context = 1; // no rotary tables needed
         models::Llama model = models::load_hf_model(st->model, opt);
-        ModelFlags flags;
-        flags.model_dir = st->model;
-        flags.adapter = st->adapter;
         const std::string adapter = adapter_folder(st->adapter);
         models::load_adapter(model, adapter, torch::kFloat32);
         models::write_merged_model(model, st->model, st->out);

@@ -53,12 +53,7 @@ int run_finetune_command(const ConfigFlags& flags, const DeviceFlags& dflags) {
     report.samples.push_back({s.question, s.answer, s.reference});
   if (!r.already_done) {
     std::printf("\nSamples: %s\n", report.sample_note.c_str());
-    for (const auto& s : report.samples)
-      std::printf(
-          "  Q: %s\n  A: %s\n     (reference: %s)\n",
-          s.prompt.c_str(),
-          s.output.c_str(),
-          s.reference.c_str());
+    print_samples(report.samples);
   }
   train::write_stage_report(d, report);
   std::printf("Report: %s/report.md\n", r.run_dir.c_str());

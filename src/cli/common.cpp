@@ -1,20 +1,17 @@
 #include "cli/common.h"
 
+#include "core/error.h"
 #include "models/lora.h"
 #include "train/finetune.h"
+#include "train/trained_model.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include "core/error.h"
-#include "train/trained_model.h"
-
-#include <cstdio>
-#include <cstdlib>
 
 namespace orchard::cli {
 
@@ -176,7 +173,6 @@ infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& d) {
   if (!flags.adapter.empty()) {
     adapter = adapter_folder(flags.adapter);
     models::load_adapter(model, adapter, torch::kFloat32);
-    model->to(d.device);
   }
   model->eval();
   std::printf(

@@ -95,6 +95,9 @@ train::StageReport run_stage(
     const DeviceInfo& device,
     int final_samples = 3);
 
+// Prints samples as "Q: / A: / (reference: ...)" or "[prompt]continuation".
+void print_samples(const std::vector<train::Sample>& samples);
+
 Command register_doctor(CLI::App& root);
 Command register_config(CLI::App& root);
 Command register_tokenizer(CLI::App& root);

@@ -42,6 +42,8 @@ std::vector<train::Sample> draw_samples(
   return out;
 }
 
+} // namespace
+
 void print_samples(const std::vector<train::Sample>& samples) {
   for (const auto& s : samples) {
     if (s.reference.empty()) {
@@ -56,8 +58,6 @@ void print_samples(const std::vector<train::Sample>& samples) {
   }
   std::fflush(stdout);
 }
-
-} // namespace
 
 train::StageReport run_stage(
     const PretrainConfig& cfg,

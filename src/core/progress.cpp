@@ -12,6 +12,12 @@
 
 namespace orchard {
 
+std::string fmt(const char* format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, value);
+  return buf;
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0)
     return "?";

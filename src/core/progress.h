@@ -30,6 +30,8 @@ struct ProgressStats {
 
 // "2m32s", "1h04m", "45s"
 std::string format_duration(double seconds);
+// One number through a printf format: fmt("%.4f", 1.5) == "1.5000".
+std::string fmt(const char* format, double value);
 // "41.2K", "1.30M"
 std::string format_rate(double per_second);
 // The line itself, without any terminal control codes.

@@ -23,6 +23,8 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,6 +36,15 @@ struct LoaderState {
   uint64_t step = 0; // steps done within the epoch
   bool operator==(const LoaderState&) const = default;
 };
+
+// {"epoch": E, "step": S}, as checkpoints' state.json holds it.
+inline void to_json(nlohmann::json& j, const LoaderState& s) {
+  j = nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+}
+inline void from_json(const nlohmann::json& j, LoaderState& s) {
+  s.epoch = j.at("epoch").get<uint64_t>();
+  s.step = j.at("step").get<uint64_t>();
+}
 
 // A permutation of 0..n-1 from `seed` (same on every platform).
 std::vector<uint64_t> permutation(uint64_t n, uint64_t seed);

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/progress.h"
 #include "data/chat_file.h"
 #include "data/loader.h"
 #include "models/lora.h"
@@ -20,12 +21,6 @@ namespace orchard::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 size_t dtype_bytes(torch::ScalarType t) {
   return t == torch::kFloat32 ? 4 : t == torch::kFloat64 ? 8 : 2;
@@ -438,7 +433,6 @@ FinetuneResult run_finetune(
     const FinetuneConfig& cfg,
     const config::Origins& origins,
     const DeviceInfo& device) {
-  (void)origins;
   const torch::Device dev = device.device;
   const bool lora = cfg.stage == "lora";
   if (cfg.model.empty())
@@ -608,15 +602,9 @@ FinetuneResult run_finetune(
     return EvalResult{
         loss, {}, "val loss on held-out answers " + fmt("%.4f", loss)};
   };
-  task.data_state = [loader] {
-    auto s = loader->state();
-    return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
-  };
+  task.data_state = [loader] { return nlohmann::json(loader->state()); };
   task.restore_data = [loader](const nlohmann::json& j) {
-    data::LoaderState s;
-    s.epoch = j.at("epoch").get<uint64_t>();
-    s.step = j.at("step").get<uint64_t>();
-    loader->restore(s);
+    loader->restore(j.get<data::LoaderState>());
   };
   task.describe = {
       {"stage", cfg.stage},

@@ -1,6 +1,7 @@
 #include "train/pretrain.h"
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/torch_compat.h"
 #include "data/loader.h"
 #include "data/text_prep.h"
@@ -27,12 +28,6 @@ constexpr double kAdamwMatrixLr = 3e-3;
 constexpr double kMuonMatrixLr = 0.02; // nanochat's and modded-nanogpt's
 // sft fine-tunes a model that already speaks the format: gentler steps.
 constexpr double kSftLrScale = 0.2;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 // Bytes each token stands for (0 for special tokens), for bits per byte.
 torch::Tensor token_byte_counts(const text::Tokenizer& tok, int64_t vocab) {
@@ -464,12 +459,10 @@ TrainResult run_training(
           loss, {}, "val loss on held-out answers " + fmt("%.4f", loss)};
     };
     task.data_state = [chat_loader] {
-      auto s = chat_loader->state();
-      return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+      return nlohmann::json(chat_loader->state());
     };
     task.restore_data = [chat_loader](const nlohmann::json& j) {
-      chat_loader->restore(
-          {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
+      chat_loader->restore(j.get<data::LoaderState>());
     };
     // No set_micro_batch: packed rows depend on the batch from the start of
     // the epoch, so an out-of-memory error saves and stops with advice.
@@ -488,15 +481,13 @@ TrainResult run_training(
               " bits per byte"};
     };
     task.data_state = [train_loader] {
-      auto s = train_loader->state();
-      return nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+      return nlohmann::json(train_loader->state());
     };
     task.set_micro_batch = [train_loader](int64_t b) {
       train_loader->set_batch_size(b);
     };
     task.restore_data = [train_loader](const nlohmann::json& j) {
-      train_loader->restore(
-          {j.at("epoch").get<uint64_t>(), j.at("step").get<uint64_t>()});
+      train_loader->restore(j.get<data::LoaderState>());
     };
   }
   const SampleSource sample_source{val_shards, result.chat_val};

@@ -2,6 +2,7 @@
 
 #include "core/files.h"
 #include "core/machine.h"
+#include "core/progress.h"
 #include "core/version.h"
 
 #include <torch/torch.h>
@@ -21,12 +22,6 @@
 namespace orchard::train {
 namespace {
 namespace fs = std::filesystem;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 std::string duration(double s) {
   if (s < 60)

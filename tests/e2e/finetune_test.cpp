@@ -333,6 +333,29 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
        "max_seq_length=64"},
       "bad.jsonl:1",
       /*code=*/1); // a data error, as orchard data chat
+  expect_error({"plan", "stage=lora"}, "plans for model=DIR");
+  expect_error(
+      {"lora",
+       "merge",
+       "--model",
+       kLlama,
+       "--adapter",
+       tmp.path().string(),
+       "--out",
+       tmp.file("m"),
+       "--dtype",
+       "int8"},
+      "--dtype int8");
+  expect_error(
+      {"lora",
+       "merge",
+       "--model",
+       kLlama,
+       "--adapter",
+       tmp.path().string(),
+       "--out",
+       tmp.file("m")},
+      "adapter_config.json");
   expect_error(
       {"chat", "--adapter", tmp.path().string(), "-p", "hi"},
       "--adapter needs --model");

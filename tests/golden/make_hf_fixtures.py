@@ -197,6 +197,7 @@ def make_lora(model, ids, d):
     torch.manual_seed(7)
     pm = get_peft_model(base, cfg)
     pm.save_pretrained(d)
+    os.remove(os.path.join(d, "README.md"))  # peft's empty model card
     names = [n for n, p in pm.named_parameters() if p.requires_grad]
     pick = [n for n in names if "layers.0.self_attn.q_proj" in n or "layers.1.mlp.down_proj" in n]
     logits = pm(ids).logits

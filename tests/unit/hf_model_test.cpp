@@ -44,6 +44,15 @@ models::Llama load(
   return models::load_hf_model(kHf + "/" + arch, opt);
 }
 
+// Targets for next-token prediction: ids shifted left, the last ignored
+// (-1), as transformers shifts its labels.
+torch::Tensor next_tokens(const torch::Tensor& ids) {
+  auto targets = torch::full_like(ids, -1);
+  targets.narrow(1, 0, ids.size(1) - 1)
+      .copy_(ids.narrow(1, 1, ids.size(1) - 1));
+  return targets;
+}
+
 class HfArch : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfArch, Float32LogitsEqualTransformers) {
@@ -82,10 +91,7 @@ TEST_P(HfArch, LossAndGradientsEqualTransformers) {
   model->train();
   auto ref = reference(kHf + "/" + GetParam());
   auto ids = ref["input_ids"];
-  auto targets = torch::full_like(ids, -1);
-  targets.narrow(1, 0, ids.size(1) - 1)
-      .copy_(ids.narrow(1, 1, ids.size(1) - 1));
-  auto loss = model->loss(ids, targets);
+  auto loss = model->loss(ids, next_tokens(ids));
   EXPECT_NEAR(loss.item<double>(), ref["loss"].item<double>(), 1e-5);
   loss.backward();
   auto params = model->named_parameters();
@@ -284,10 +290,7 @@ TEST(Lora, PeftAdapterGivesPeftsLogitsLossAndGradients) {
   }
   model->train();
   auto ids = ref["input_ids"];
-  auto targets = torch::full_like(ids, -1);
-  targets.narrow(1, 0, ids.size(1) - 1)
-      .copy_(ids.narrow(1, 1, ids.size(1) - 1));
-  auto loss = model->loss(ids, targets);
+  auto loss = model->loss(ids, next_tokens(ids));
   EXPECT_NEAR(loss.item<double>(), ref["loss"].item<double>(), 1e-5);
   loss.backward();
   int checked = 0;
