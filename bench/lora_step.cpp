@@ -16,6 +16,26 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+
+#ifdef ORCHARD_KINETO
+#include <torch/csrc/autograd/profiler_kineto.h>
+// One profiled step written as a Chrome trace (bench/trace_summary.py sums
+// its GPU kernels): where a step's time goes.
+namespace {
+namespace kp = torch::profiler::impl;
+void trace_start() {
+  kp::ProfilerConfig cfg(kp::ProfilerState::KINETO);
+  std::set<kp::ActivityType> act = {
+      kp::ActivityType::CPU, kp::ActivityType::CUDA};
+  torch::autograd::profiler::prepareProfiler(cfg, act);
+  torch::autograd::profiler::enableProfiler(cfg, act);
+}
+void trace_stop(const char* path) {
+  torch::autograd::profiler::disableProfiler()->save(path);
+}
+} // namespace
+#endif
 
 int main(int argc, char** argv) {
   if (argc < 5) {
@@ -83,10 +103,18 @@ int main(int argc, char** argv) {
   orchard::train::Optimizers opt({{"adapters", trained, 1e-4, 0.0}}, oo);
   std::vector<double> times, fwd, bwd, upd;
   orchard::reset_peak_memory(dev);
+  const char* trace = std::getenv("ORCHARD_TRACE");
+#ifndef ORCHARD_KINETO
+  trace = nullptr;
+#endif
   for (int64_t s = 0; s < steps + 2; ++s) {
     auto ids = torch::randint(
         V, {1, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
     orchard::compat::synchronize(dev);
+#ifdef ORCHARD_KINETO
+    if (trace && s == steps + 1)
+      trace_start();
+#endif
     auto a = clock::now();
     auto loss = model->loss(ids.narrow(1, 0, T), ids.narrow(1, 1, T));
     orchard::compat::synchronize(dev);
@@ -98,8 +126,12 @@ int main(int argc, char** argv) {
     opt.zero_grad();
     orchard::compat::synchronize(dev);
     auto e = clock::now();
+#ifdef ORCHARD_KINETO
+    if (trace && s == steps + 1)
+      trace_stop(trace);
+#endif
     using sec = std::chrono::duration<double>;
-    if (s >= 2) {
+    if (s >= 2 && !(trace && s == steps + 1)) { // the traced step is not timed
       times.push_back(sec(e - a).count());
       fwd.push_back(sec(b - a).count());
       bwd.push_back(sec(c - b).count());

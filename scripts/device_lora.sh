@@ -8,6 +8,8 @@
 #           bench/peers/lora_step.py and orchard_bench_lora side by side
 #           (LoRA r=16, all linear layers, bf16, checkpointing, batch 1,
 #           sequence 1024 and 2048; greedy generation 128 + 256 tokens)
+#   profile one traced step of each at 1024 and 2048, GPU kernels summed by
+#           bench/trace_summary.py (traces left in $OUT)
 set -uo pipefail
 OUT="${OUT:-/tmp/orchard-out}"
 mkdir -p "$OUT"
@@ -16,6 +18,23 @@ mode="${1:-build}"
 status=0
 source scripts/device_debs.sh
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+if [ "$mode" = profile ]; then
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \
+    || { tail -40 "$OUT/configure.log"; exit 1; }
+  cmake --build build-cuda -j16 --target orchard_bench_lora orchard_bench_lora_trace > "$OUT/build.log" 2>&1 \
+    || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+  M=/tmp/llama-3.2-3b-shape
+  [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
+  for T in ${SEQS:-1024 2048}; do
+    PEER_TRACE=$OUT/peft-$T.json python3 bench/peers/lora_step.py $M $T ${STEPS:-6} 16 2>&1 | grep -E "^transformers" || status=1
+    python3 bench/trace_summary.py $OUT/peft-$T.json ${TOP:-12}
+    ORCHARD_TRACE=$OUT/orchard-$T.json ./build-cuda/orchard_bench_lora_trace $M cuda $T ${STEPS:-6} 16 2>&1 | grep -E "^(orchard|  median)" || status=1
+    python3 bench/trace_summary.py $OUT/orchard-$T.json ${TOP:-25}
+  done
+  gzip -f $OUT/*.json 2>/dev/null
+  exit $status
+fi
 if [ ! -x build-cuda/orchard ] || [ "$mode" = build ]; then
   start=$(date +%s)
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -12,6 +12,7 @@
                                   peak CUDA memory, and greedy generate's
                                   decode tokens/s.
 """
+import os
 import sys
 import time
 
@@ -71,15 +72,26 @@ def bench(d, seq, steps, rank, gen_prompt, gen_new):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     times = []
     torch.cuda.reset_peak_memory_stats()
+    trace = os.environ.get("PEER_TRACE")
+    prof = None
     for s in range(steps + 2):
         ids = torch.randint(V, (1, seq + 1), device="cuda")
         torch.cuda.synchronize()
+        if trace and s == steps + 1:  # one profiled step (bench/trace_summary.py)
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         a = time.perf_counter()
         out = model(input_ids=ids[:, :seq], labels=ids[:, :seq])  # shifted inside
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(trace)
+            prof = None
+            continue  # the profiled step is not timed
         if s >= 2:
             times.append(time.perf_counter() - a)
     times.sort()

@@ -113,24 +113,6 @@ inline torch::Tensor causal_attention(
   return explicit_attention(q, k, v);
 }
 
-// The key of a parameter in an optimizer's state map: libtorch 1.13 uses
-// the parameter's address printed as a string, later versions the address
-// itself. Follows the map's own key type, so no version check is needed.
-template <class StateMap>
-typename StateMap::key_type optimizer_state_key(
-    const StateMap&,
-    const torch::Tensor& param) {
-  using Key = typename StateMap::key_type;
-  void* impl = param.unsafeGetTensorImpl();
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << impl;
-    return s.str();
-  } else {
-    return static_cast<Key>(impl);
-  }
-}
-
 // Autocast (mixed precision) for the tensors of one device type while the
 // guard lives: matrix products run in `dtype`, reductions, norms and the
 // loss in float32, weights stay float32 (PyTorch's torch.autocast). The

@@ -6,6 +6,7 @@
 #include "models/checkpointing.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -368,20 +369,140 @@ LlamaImpl::LlamaImpl(
   rope_sin_ = register_buffer("rope_sin", angles.sin().to(dev));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     layer_fns_.push_back([this, i](const torch::Tensor& x) {
+      const auto [cos, sin] = rope_tables(x.scalar_type());
       const int64_t T = x.size(1);
       return layer_forward(
-          i,
-          x,
-          rope_cos_.narrow(0, 0, T),
-          rope_sin_.narrow(0, 0, T),
-          nullptr,
-          nullptr);
+          i, x, cos.narrow(0, 0, T), sin.narrow(0, 0, T), nullptr, nullptr);
     });
 }
 
 torch::Tensor LlamaImpl::lm_weight() const {
   return lm_head.is_empty() ? model->embed_tokens->weight : lm_head->weight;
 }
+
+std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rope_tables(
+    torch::ScalarType dtype) {
+  if (!rope_full_cos_.defined() || rope_full_cos_.scalar_type() != dtype ||
+      rope_full_cos_.device() != rope_cos_.device()) {
+    torch::NoGradGuard no_grad;
+    rope_full_cos_ = torch::cat({rope_cos_, rope_cos_}, -1).to(dtype);
+    rope_full_sin_ = torch::cat({-rope_sin_, rope_sin_}, -1).to(dtype);
+  }
+  return {rope_full_cos_, rope_full_sin_};
+}
+
+namespace {
+
+// x (B, T, heads, D) rotated by the (T, D) tables of rope_tables():
+// x * [c, c] + [x2, x1] * [-s, s], which is transformers'
+// x * cos + rotate_half(x) * sin element for element (negation is exact).
+torch::Tensor rotate_full(
+    const torch::Tensor& x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin) {
+  const int64_t T = x.size(1), D = x.size(-1);
+  auto c = cos.view({1, T, 1, D}), s = sin.view({1, T, 1, D});
+  return x * c + torch::roll(x, D / 2, -1) * s;
+}
+
+// A layer's adapters cast to a half-precision base's dtype with one cast:
+// the float32 leaves are concatenated, cast, and split into views, so the
+// backward is one concatenation and one cast too, instead of one cast per
+// tensor each way. Where q, k and v (or gate and up) all carry adapters
+// without dropout, their A matrices are adjacent rows: one (3r, in) matrix,
+// one product with the shared input.
+struct LayerAdapters {
+  torch::Tensor A[7], B[7];
+  torch::Tensor A_qkv, A_gate_up; // fused where possible
+};
+
+LayerAdapters cast_adapters(
+    const std::array<ProjImpl*, 7>& ps,
+    torch::ScalarType dtype) {
+  LayerAdapters out;
+  const bool fuse_qkv = ps[0]->has_lora() && ps[1]->has_lora() &&
+      ps[2]->has_lora() && ps[0]->dropout == 0 && ps[1]->dropout == 0 &&
+      ps[2]->dropout == 0;
+  const bool fuse_gu = ps[4]->has_lora() && ps[5]->has_lora() &&
+      ps[4]->dropout == 0 && ps[5]->dropout == 0;
+  std::vector<torch::Tensor> flat;
+  std::vector<int64_t> sizes;
+  // Pieces: (proj index, is_A, fused group size)
+  struct Piece {
+    int proj;
+    bool a;
+    int group;
+  };
+  std::vector<Piece> pieces;
+  for (int i = 0; i < 7; ++i) {
+    if (!ps[size_t(i)]->has_lora())
+      continue;
+    const auto& A = ps[size_t(i)]->lora_A->weight;
+    flat.push_back(A.reshape({-1}));
+    const bool first_of_qkv = fuse_qkv && i == 0;
+    const bool first_of_gu = fuse_gu && i == 4;
+    if ((fuse_qkv && (i == 1 || i == 2)) || (fuse_gu && i == 5)) {
+      sizes.back() += A.numel();
+      continue;
+    }
+    sizes.push_back(A.numel());
+    pieces.push_back({i, true, first_of_qkv ? 3 : first_of_gu ? 2 : 1});
+  }
+  for (int i = 0; i < 7; ++i) {
+    if (!ps[size_t(i)]->has_lora())
+      continue;
+    const auto& B = ps[size_t(i)]->lora_B->weight;
+    flat.push_back(B.reshape({-1}));
+    sizes.push_back(B.numel());
+    pieces.push_back({i, false, 1});
+  }
+  if (flat.empty())
+    return out;
+  auto parts = torch::cat(flat).to(dtype).split_with_sizes(sizes);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const auto& pc = pieces[k];
+    const auto& w = pc.a ? ps[size_t(pc.proj)]->lora_A->weight
+                         : ps[size_t(pc.proj)]->lora_B->weight;
+    if (!pc.a) {
+      out.B[pc.proj] = parts[k].view(w.sizes());
+    } else if (pc.group == 1) {
+      out.A[pc.proj] = parts[k].view(w.sizes());
+    } else {
+      auto fused = parts[k].view({-1, w.size(1)});
+      (pc.proj == 0 ? out.A_qkv : out.A_gate_up) = fused;
+    }
+  }
+  return out;
+}
+
+// h2 W^T (+ b) as a fresh (N, out) tensor, with the adapter's
+// scaling * a2 B^T added in place (no copy of the output).
+torch::Tensor project(
+    const ProjImpl& p,
+    const torch::Tensor& h2,
+    const torch::Tensor& a2,
+    const torch::Tensor& B) {
+  auto y = p.bias.defined() ? at::addmm(p.bias, h2, p.weight.t())
+                            : at::mm(h2, p.weight.t());
+  if (a2.defined())
+    y.addmm_(a2, B.t(), /*beta=*/1, /*alpha=*/p.scaling);
+  return y;
+}
+
+// The (N, r) adapter input of projection i: a column block of the fused
+// product, or its own (dropout applied per projection, as PEFT does).
+torch::Tensor adapter_input(
+    const ProjImpl& p,
+    const torch::Tensor& h2,
+    const torch::Tensor& A,
+    bool training) {
+  auto h = h2;
+  if (p.dropout > 0 && training)
+    h = F::dropout(h, F::DropoutFuncOptions().p(p.dropout).training(true));
+  return at::mm(h, A.t());
+}
+
+} // namespace
 
 torch::Tensor LlamaImpl::layer_forward(
     int64_t i,
@@ -392,15 +513,65 @@ torch::Tensor LlamaImpl::layer_forward(
     torch::Tensor* cache_v) {
   auto* layer = model->layers[i]->as<LlamaLayerImpl>();
   auto& a = *layer->self_attn;
+  auto& m = *layer->mlp;
   const int64_t B = x.size(0), T = x.size(1);
+  const std::array<ProjImpl*, 7> ps = {
+      a.q_proj.get(),
+      a.k_proj.get(),
+      a.v_proj.get(),
+      a.o_proj.get(),
+      m.gate_proj.get(),
+      m.up_proj.get(),
+      m.down_proj.get()};
+  const auto dt = x.scalar_type();
+  const bool half = dt == torch::kBFloat16 || dt == torch::kFloat16;
+  bool adapters = false;
+  for (auto* p : ps)
+    adapters =
+        adapters || (p->has_lora() && p->lora_A->weight.scalar_type() != dt);
+  // A half-precision base with float32 adapters: the fused path above.
+  // Otherwise (float32 base, or no adapters) each projection's own forward
+  // (PEFT's order of operations where adapters exist).
+  const bool fused = half && adapters;
+  LayerAdapters ad;
+  if (fused)
+    ad = cast_adapters(ps, dt);
+  const bool training = is_training();
+  // Projections of h (B, T, in) -> (B*T, out) for the listed indices.
+  auto run = [&](const torch::Tensor& h,
+                 std::initializer_list<int> idx,
+                 const torch::Tensor& fusedA) {
+    std::vector<torch::Tensor> ys;
+    if (!fused) {
+      for (int k : idx)
+        ys.push_back(ps[size_t(k)]->forward(h).reshape({B * T, -1}));
+      return ys;
+    }
+    auto h2 = h.reshape({B * T, h.size(-1)});
+    std::vector<torch::Tensor> as;
+    if (fusedA.defined())
+      as = at::mm(h2, fusedA.t())
+               .split(ps[size_t(*idx.begin())]->lora_A->weight.size(0), 1);
+    size_t j = 0;
+    for (int k : idx) {
+      const auto& p = *ps[size_t(k)];
+      torch::Tensor a2;
+      if (fusedA.defined())
+        a2 = as[j];
+      else if (p.has_lora())
+        a2 = adapter_input(p, h2, ad.A[k], training);
+      ys.push_back(project(p, h2, a2, ad.B[k]));
+      ++j;
+    }
+    return ys;
+  };
   auto h = layer->input_layernorm(x);
-  auto q = a.q_proj(h).view({B, T, a.n_head, a.head_dim}).transpose(1, 2);
-  auto k = a.k_proj(h).view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
-  auto v = a.v_proj(h).view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
-  auto c = cos.view({1, 1, T, -1}).to(q.scalar_type());
-  auto s = sin.view({1, 1, T, -1}).to(q.scalar_type());
-  q = rotate(q, c, s);
-  k = rotate(k, c, s);
+  auto qkv = run(h, {0, 1, 2}, ad.A_qkv);
+  auto q = rotate_full(qkv[0].view({B, T, a.n_head, a.head_dim}), cos, sin)
+               .transpose(1, 2);
+  auto k = rotate_full(qkv[1].view({B, T, a.n_kv_head, a.head_dim}), cos, sin)
+               .transpose(1, 2);
+  auto v = qkv[2].view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
   if (cache_k) {
     if (cache_k->defined()) {
       k = torch::cat({*cache_k, k}, 2);
@@ -415,10 +586,11 @@ torch::Tensor LlamaImpl::layer_forward(
   }
   auto y = compat::causal_attention(q, k, v); // (B, H, T, D)
   y = y.transpose(1, 2).reshape({B, T, a.n_head * a.head_dim});
-  x = x + a.o_proj(y);
-  auto& m = *layer->mlp;
+  x = x + run(y, {3}, {})[0].view({B, T, -1});
   h = layer->post_attention_layernorm(x);
-  return x + m.down_proj(torch::silu(m.gate_proj(h)) * m.up_proj(h));
+  auto gu = run(h, {4, 5}, ad.A_gate_up);
+  auto act = (torch::silu(gu[0]) * gu[1]).view({B, T, -1});
+  return x + run(act, {6}, {})[0].view({B, T, -1});
 }
 
 torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
@@ -440,8 +612,9 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
     cache->k.resize(config.num_hidden_layers);
     cache->v.resize(config.num_hidden_layers);
   }
-  auto cos = rope_cos_.narrow(0, start, T), sin = rope_sin_.narrow(0, start, T);
   auto x = F::embedding(idx, model->embed_tokens->weight);
+  const auto [cos_all, sin_all] = rope_tables(x.scalar_type());
+  auto cos = cos_all.narrow(0, start, T), sin = sin_all.narrow(0, start, T);
   const bool recompute = gradient_checkpointing && is_training() && !cache &&
       torch::GradMode::is_enabled();
   if (recompute && !x.requires_grad())

@@ -33,6 +33,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orchard::models {
@@ -217,8 +218,12 @@ struct LlamaImpl : LanguageModel {
       const torch::Tensor& sin,
       torch::Tensor* cache_k,
       torch::Tensor* cache_v);
+  // (context, D) tables in `dtype`: [cos, cos] and [-sin, sin], made once
+  // per dtype (layer_forward's rotation).
+  std::pair<torch::Tensor, torch::Tensor> rope_tables(torch::ScalarType dtype);
   int64_t context_ = 0;
   torch::Tensor rope_cos_, rope_sin_; // (context, D/2) float32
+  torch::Tensor rope_full_cos_, rope_full_sin_;
   std::vector<std::function<torch::Tensor(const torch::Tensor&)>> layer_fns_;
   std::vector<std::function<torch::Tensor(const torch::Tensor&)>> loss_fns_;
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace orchard::train {
 namespace {
@@ -48,7 +49,7 @@ torch::Tensor newton_schulz_orthogonalize(
 
 Optimizers::Optimizers(std::vector<ParamGroup> groups, OptimizerOptions options)
     : groups_(std::move(groups)), options_(options) {
-  std::vector<torch::optim::OptimizerParamGroup> adam_groups;
+  adam_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const auto& g = groups_[gi];
     if (g.muon) {
@@ -56,24 +57,54 @@ Optimizers::Optimizers(std::vector<ParamGroup> groups, OptimizerOptions options)
         TORCH_CHECK(p.dim() == 2, "[muon] ", name, " is not a matrix");
       continue;
     }
-    std::vector<torch::Tensor> params;
-    for (const auto& [name, p] : g.params)
-      params.push_back(p);
-    adam_groups.emplace_back(
-        std::move(params),
-        std::make_unique<torch::optim::AdamWOptions>(
-            torch::optim::AdamWOptions(g.lr)
-                .betas({options_.adam_beta1, options_.adam_beta2})
-                .eps(options_.adam_eps)
-                .weight_decay(g.weight_decay)));
-    adamw_group_of_.push_back(gi);
+    adam_[gi].resize(g.params.size());
   }
-  if (!adam_groups.empty())
-    adamw_ = std::make_unique<torch::optim::AdamW>(
-        std::move(adam_groups), torch::optim::AdamWOptions(1e-3));
 }
 
 Optimizers::~Optimizers() = default;
+
+void Optimizers::adamw_step(size_t gi, double lr) {
+  const auto& g = groups_[gi];
+  auto& states = adam_[gi];
+  const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
+  // Tensors with a gradient, bucketed by their step count (one bucket
+  // unless some tensor missed a step), device and dtype: each bucket is one
+  // set of multi-tensor launches.
+  std::map<std::tuple<int64_t, std::string, int>, std::vector<size_t>> buckets;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const auto& p = g.params[i].second;
+    if (!p.grad().defined())
+      continue; // no gradient, no update, no step (as torch's AdamW)
+    auto& s = states[i];
+    if (!s.exp_avg.defined()) {
+      s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
+      s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
+    }
+    buckets[{s.step, p.device().str(), int(p.scalar_type())}].push_back(i);
+  }
+  for (const auto& [key, idx] : buckets) {
+    std::vector<torch::Tensor> params, grads, avg, sq;
+    for (size_t i : idx) {
+      params.push_back(g.params[i].second);
+      grads.push_back(g.params[i].second.grad());
+      avg.push_back(states[i].exp_avg);
+      sq.push_back(states[i].exp_avg_sq);
+      ++states[i].step;
+    }
+    const int64_t step = std::get<0>(key) + 1;
+    const double bc1 = 1 - std::pow(b1, double(step));
+    const double bc2 = 1 - std::pow(b2, double(step));
+    at::_foreach_mul_(params, 1 - lr * g.weight_decay);
+    at::_foreach_mul_(avg, b1);
+    at::_foreach_add_(avg, grads, 1 - b1);
+    at::_foreach_mul_(sq, b2);
+    at::_foreach_addcmul_(sq, grads, grads, 1 - b2);
+    auto denom = at::_foreach_sqrt(sq);
+    at::_foreach_div_(denom, std::sqrt(bc2));
+    at::_foreach_add_(denom, options_.adam_eps);
+    at::_foreach_addcdiv_(params, avg, denom, -lr / bc1);
+  }
+}
 
 void Optimizers::zero_grad() {
   for (const auto& g : groups_)
@@ -84,13 +115,9 @@ void Optimizers::zero_grad() {
 
 void Optimizers::step(double lr_multiplier, int64_t step) {
   torch::NoGradGuard no_grad;
-  if (adamw_) {
-    for (size_t i = 0; i < adamw_group_of_.size(); ++i)
-      static_cast<torch::optim::AdamWOptions&>(
-          adamw_->param_groups()[i].options())
-          .lr(groups_[adamw_group_of_[i]].lr * lr_multiplier);
-    adamw_->step();
-  }
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    if (!groups_[gi].muon)
+      adamw_step(gi, groups_[gi].lr * lr_multiplier);
   const double frac = options_.muon_momentum_warmup > 0
       ? std::min(1.0, double(step) / double(options_.muon_momentum_warmup))
       : 1.0;
@@ -144,23 +171,22 @@ std::string Optimizers::describe() const {
 
 NamedTensors Optimizers::state() const {
   NamedTensors out;
-  for (const auto& g : groups_) {
-    for (const auto& [name, p] : g.params) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& name = g.params[i].first;
       if (g.muon) {
         auto it = muon_momentum_.find(name);
         if (it != muon_momentum_.end())
           out.push_back({name + ".momentum_buffer", it->second});
         continue;
       }
-      const auto& state = adamw_->state();
-      auto it = state.find(compat::optimizer_state_key(state, p));
-      if (it == state.end())
+      const auto& s = adam_[gi][i];
+      if (s.step == 0)
         continue; // no step taken yet
-      const auto& s =
-          static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      out.push_back({name + ".exp_avg", s.exp_avg()});
-      out.push_back({name + ".exp_avg_sq", s.exp_avg_sq()});
-      out.push_back({name + ".step", torch::tensor(int64_t(s.step()))});
+      out.push_back({name + ".exp_avg", s.exp_avg});
+      out.push_back({name + ".exp_avg_sq", s.exp_avg_sq});
+      out.push_back({name + ".step", torch::tensor(s.step)});
     }
   }
   return out;
@@ -173,8 +199,10 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
         " (was the architecture or `optimizer` changed?). Use the original "
         "settings, another run name, or resume=never.");
   };
-  for (const auto& g : groups_) {
-    for (const auto& [name, p] : g.params) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& [name, p] = g.params[i];
       if (g.muon) {
         if (saved.count(name + ".exp_avg"))
           throw mismatch(name, "was written by AdamW, not Muon");
@@ -197,12 +225,10 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
       if (sq == saved.end() || step == saved.end() ||
           avg->second.sizes() != p.sizes())
         throw mismatch(name, "does not match the model");
-      auto s = std::make_unique<torch::optim::AdamWParamState>();
-      s->step(step->second.item<int64_t>());
-      s->exp_avg(avg->second.to(p.device(), p.scalar_type()).clone());
-      s->exp_avg_sq(sq->second.to(p.device(), p.scalar_type()).clone());
-      adamw_->state()[compat::optimizer_state_key(adamw_->state(), p)] =
-          std::move(s);
+      auto& s = adam_[gi][i];
+      s.step = step->second.item<int64_t>();
+      s.exp_avg = avg->second.to(p.device(), p.scalar_type()).clone();
+      s.exp_avg_sq = sq->second.to(p.device(), p.scalar_type()).clone();
     }
   }
 }

@@ -11,6 +11,10 @@
 // into roughly [0.7, 1.2] quickly rather than exactly to 1; the update is
 // scaled by sqrt(max(1, rows / cols)). Momentum warms up from 0.85 to
 // 0.95 over the first 300 steps (nanochat's schedule).
+//
+// AdamW is decoupled weight decay (Loshchilov & Hutter) with bias-corrected
+// moments, the same arithmetic as torch::optim::AdamW (the test holds them
+// equal), applied to all tensors of a step at once.
 #pragma once
 
 #include "train/checkpoint.h"
@@ -75,8 +79,16 @@ class Optimizers {
  private:
   std::vector<ParamGroup> groups_;
   OptimizerOptions options_;
-  std::unique_ptr<torch::optim::AdamW> adamw_; // the non-Muon groups
-  std::vector<size_t> adamw_group_of_;         // adamw_ group -> groups_ index
+  // AdamW's state per parameter of the non-Muon groups (indexed as
+  // groups_[g].params), updated with multi-tensor (_foreach_) kernels: a
+  // LoRA run's few hundred adapter tensors take a few launches per step,
+  // not a few per tensor as torch::optim::AdamW's loop does.
+  struct AdamState {
+    torch::Tensor exp_avg, exp_avg_sq;
+    int64_t step = 0;
+  };
+  void adamw_step(size_t group, double lr);
+  std::vector<std::vector<AdamState>> adam_;
   std::map<std::string, torch::Tensor> muon_momentum_;
 };
 

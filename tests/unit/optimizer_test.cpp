@@ -111,6 +111,69 @@ TEST(Optimizers, AdamwGroupsMatchLibtorchAdamw) {
   EXPECT_TRUE(torch::allclose(a, b, 0, 0));
 }
 
+// Several tensors of several shapes in two groups, one of which misses a
+// step (no gradient: no update and its own step count afterwards), float32
+// and float64: the multi-tensor update equals libtorch's per-tensor AdamW
+// exactly, and each tensor keeps its own step count.
+TEST(Optimizers, MultiTensorAdamwMatchesLibtorchWithASkippedTensor) {
+  torch::manual_seed(3);
+  std::vector<std::vector<int64_t>> shapes = {{4, 3}, {7}, {2, 5, 3}, {1}};
+  std::vector<torch::Tensor> ours, ref;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto dt = i % 2 ? torch::kFloat32 : torch::kFloat64;
+    auto t = torch::randn(shapes[i], dt);
+    ours.push_back(t.clone().requires_grad_(true));
+    ref.push_back(t.clone().requires_grad_(true));
+  }
+  Optimizers opt(
+      {{"a", {{"w0", ours[0]}, {"w1", ours[1]}}, 0.01, 0.1, false},
+       {"b", {{"w2", ours[2]}, {"w3", ours[3]}}, 0.003, 0.0, false}},
+      {.adam_beta1 = 0.9, .adam_beta2 = 0.999, .adam_eps = 1e-8});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto opts = [](double lr, double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(lr)
+            .betas({0.9, 0.999})
+            .eps(1e-8)
+            .weight_decay(wd));
+  };
+  groups.emplace_back(
+      std::vector<torch::Tensor>{ref[0], ref[1]}, opts(0.01, 0.1));
+  groups.emplace_back(
+      std::vector<torch::Tensor>{ref[2], ref[3]}, opts(0.003, 0));
+  torch::optim::AdamW lib(std::move(groups), torch::optim::AdamWOptions(1));
+  for (int s = 0; s < 5; ++s) {
+    for (size_t i = 0; i < ours.size(); ++i) {
+      if (s == 2 && i == 1) { // w1 gets no gradient at step 2
+        ours[i].mutable_grad() = torch::Tensor();
+        ref[i].mutable_grad() = torch::Tensor();
+        continue;
+      }
+      auto g = torch::randn(shapes[i], ours[i].scalar_type());
+      ours[i].mutable_grad() = g.clone();
+      ref[i].mutable_grad() = g.clone();
+    }
+    opt.step(s == 3 ? 0.5 : 1.0, s);
+    if (s == 3) // the multiplier scales every group's lr
+      for (auto& g : lib.param_groups())
+        static_cast<torch::optim::AdamWOptions&>(g.options())
+            .lr(static_cast<torch::optim::AdamWOptions&>(g.options()).lr() *
+                0.5);
+    lib.step();
+    if (s == 3)
+      for (auto& g : lib.param_groups())
+        static_cast<torch::optim::AdamWOptions&>(g.options())
+            .lr(static_cast<torch::optim::AdamWOptions&>(g.options()).lr() * 2);
+  }
+  for (size_t i = 0; i < ours.size(); ++i)
+    EXPECT_TRUE(torch::equal(ours[i], ref[i])) << i;
+  std::map<std::string, torch::Tensor> state;
+  for (auto& [k, v] : opt.state())
+    state[k] = v;
+  EXPECT_EQ(state.at("w1.step").item<int64_t>(), 4);
+  EXPECT_EQ(state.at("w0.step").item<int64_t>(), 5);
+}
+
 TEST(Optimizers, StateRoundTripsAndContinuesIdentically) {
   torch::manual_seed(2);
   auto make = [](torch::Tensor w, torch::Tensor e) {
