@@ -57,6 +57,10 @@ int main(int argc, char** argv) {
   lo.device = dev;
   lo.dtype = torch::kBFloat16;
   lo.context = std::max(T, gen_prompt + gen_new);
+  // LORA_4BIT=1: the layers' projections in 4 bits (NF4), as
+  // `orchard train stage=lora load_in_4bit=true` loads them.
+  const char* four = std::getenv("LORA_4BIT");
+  lo.load_in_4bit = four && std::string(four) == "1";
   auto t0 = clock::now();
   auto model = orchard::models::load_hf_model(dir, lo);
   orchard::compat::synchronize(dev);
@@ -142,7 +146,8 @@ int main(int argc, char** argv) {
     std::sort(v->begin(), v->end());
   const auto mem = orchard::read_memory(dev);
   std::printf(
-      "orchard lora seq %lld: %.3f s/step, %.0f tok/s, peak %.2f GB (%s)\n",
+      "orchard lora%s seq %lld: %.3f s/step, %.0f tok/s, peak %.2f GB (%s)\n",
+      lo.load_in_4bit ? " nf4" : "",
       (long long)T,
       times[times.size() / 2],
       double(T) / times[times.size() / 2],

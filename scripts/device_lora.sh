@@ -75,5 +75,10 @@ if [ "$mode" = bench ]; then
       G=""
     done
   done
+  # 4-bit NF4 base (load_in_4bit=true) against bitsandbytes' NF4 + peft.
+  for T in 1024 2048; do
+    PEER_4BIT=1 python3 bench/peers/lora_step.py $M $T $STEPS 16 2>&1 | grep -E "^(transformers)" || status=1
+    LORA_4BIT=1 ./build-cuda/orchard_bench_lora $M cuda $T $STEPS 16 2>&1 | grep -E "^(orchard|  median)" || status=1
+  done
 fi
 exit $status

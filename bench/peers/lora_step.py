@@ -43,8 +43,22 @@ def bench(d, seq, steps, rank, gen_prompt, gen_new):
     from transformers import AutoModelForCausalLM
 
     t0 = time.time()
-    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa").cuda()
+    four = os.environ.get("PEER_4BIT") == "1"
+    if four:  # QLoRA: bitsandbytes NF4 projections, bf16 compute, no double quant
+        from transformers import BitsAndBytesConfig
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            print("transformers+peft nf4: bitsandbytes is not installed here")
+            return
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                               bnb_4bit_compute_dtype=torch.bfloat16,
+                               bnb_4bit_use_double_quant=False)
+        model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.bfloat16, quantization_config=q,
+                                                     attn_implementation="sdpa", device_map={"": 0})
+    else:
+        model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.bfloat16,
+                                                     attn_implementation="sdpa").cuda()
     torch.cuda.synchronize()
     print(f"load: {time.time() - t0:.1f} s")
     V = model.config.vocab_size
@@ -97,7 +111,8 @@ def bench(d, seq, steps, rank, gen_prompt, gen_new):
     times.sort()
     med = times[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 1e9
-    print(f"transformers+peft lora seq {seq}: {med:.3f} s/step, {seq / med:.0f} tok/s, peak {peak:.2f} GB")
+    tag = " nf4" if four else ""
+    print(f"transformers+peft lora{tag} seq {seq}: {med:.3f} s/step, {seq / med:.0f} tok/s, peak {peak:.2f} GB")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include "core/safetensors.h"
 #include "core/torch_compat.h"
 #include "models/checkpointing.h"
+#include "models/nf4.h"
 
 #include <algorithm>
 #include <array>
@@ -198,14 +199,44 @@ std::vector<std::string> normalize_target_modules(
   return out;
 }
 
-ProjImpl::ProjImpl(torch::Tensor w, torch::Tensor b) {
+ProjImpl::ProjImpl(torch::Tensor w, torch::Tensor b)
+    : out_features(w.size(0)), in_features(w.size(1)) {
   weight = register_parameter("weight", std::move(w));
   if (b.defined())
     bias = register_parameter("bias", std::move(b));
 }
 
+void ProjImpl::quantize_4bit() {
+  q4 = quantize_nf4(weight.detach());
+  // The full-precision weight goes; the parameter stays (empty) so the
+  // module's names do not change.
+  weight.set_data(torch::empty({0}, weight.options()));
+  register_buffer("weight_nf4_codes", q4.codes);
+  register_buffer("weight_nf4_absmax", q4.absmax);
+}
+
+torch::Tensor ProjImpl::full_weight() const {
+  return q4.defined() ? dequantize_nf4(q4) : weight.detach();
+}
+
+torch::Tensor ProjImpl::base(const torch::Tensor& x2) const {
+  if (q4.defined()) {
+    auto y = nf4_linear(x2, q4);
+    return bias.defined() ? y + bias : y;
+  }
+  return bias.defined() ? at::addmm(bias, x2, weight.t())
+                        : at::mm(x2, weight.t());
+}
+
 torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
-  auto y = F::linear(x, weight, bias);
+  torch::Tensor y;
+  if (q4.defined()) {
+    auto lead = x.sizes().vec();
+    lead.back() = out_features;
+    y = base(x.reshape({-1, in_features})).view(lead);
+  } else {
+    y = F::linear(x, weight, bias);
+  }
   if (!has_lora())
     return y;
   const auto& A = lora_A->weight;
@@ -243,8 +274,9 @@ void ProjImpl::add_lora(
     double s,
     double p,
     torch::ScalarType dtype) {
-  const int64_t out = weight.size(0), in = weight.size(1);
-  auto opt = torch::TensorOptions().dtype(dtype).device(weight.device());
+  const int64_t out = out_features, in = in_features;
+  auto opt = torch::TensorOptions().dtype(dtype).device(
+      q4.defined() ? q4.codes.device() : weight.device());
   const double bound = 1.0 / std::sqrt(double(in));
   lora_A = register_module(
       "lora_A", Weight(torch::empty({r, in}, opt).uniform_(-bound, bound)));
@@ -254,15 +286,15 @@ void ProjImpl::add_lora(
 }
 
 torch::Tensor ProjImpl::merged_weight() const {
-  if (!has_lora())
-    return weight.detach();
   torch::NoGradGuard no_grad;
+  auto w = full_weight();
+  if (!has_lora())
+    return w;
   auto delta = torch::matmul(
                    lora_B->weight.to(torch::kFloat32),
                    lora_A->weight.to(torch::kFloat32)) *
       scaling;
-  return (weight.to(torch::kFloat32) + delta.to(weight.device()))
-      .to(weight.scalar_type());
+  return (w.to(torch::kFloat32) + delta.to(w.device())).to(w.scalar_type());
 }
 
 HfRmsNormImpl::HfRmsNormImpl(torch::Tensor w, double e) : eps(e) {
@@ -308,9 +340,12 @@ LlamaImpl::LlamaImpl(
     return get(name, shape, false);
   };
   auto proj = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
-    return Proj(
+    auto p = Proj(
         w(name + ".weight", {out, in}),
         bias ? w(name + ".bias", {out}) : torch::Tensor());
+    if (c.load_in_4bit) // one full-precision matrix at a time
+      p->quantize_4bit();
+    return p;
   };
   model = register_module("model", LlamaBody());
   model->embed_tokens = model->register_module(
@@ -482,8 +517,7 @@ torch::Tensor project(
     const torch::Tensor& h2,
     const torch::Tensor& a2,
     const torch::Tensor& B) {
-  auto y = p.bias.defined() ? at::addmm(p.bias, h2, p.weight.t())
-                            : at::mm(h2, p.weight.t());
+  auto y = p.base(h2);
   if (a2.defined())
     y.addmm_(a2, B.t(), /*beta=*/1, /*alpha=*/p.scaling);
   return y;
@@ -832,6 +866,7 @@ Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
     auto out = t.to(opt.device, dtype, /*non_blocking=*/false, /*copy=*/true);
     return out;
   };
+  c.load_in_4bit = opt.load_in_4bit;
   Llama model(c, get, opt.context);
   model->config.dtype = dtype;
   return model;

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "models/language_model.h"
+#include "models/nf4.h"
 
 #include <torch/torch.h>
 
@@ -55,6 +56,9 @@ struct HfModelConfig {
   std::optional<int64_t> sliding_window;     // Mistral v0.1's 4096
   torch::ScalarType dtype = torch::kFloat32; // as stored
   nlohmann::json raw;                        // config.json as read
+  // Not from config.json: hold the layers' projections in 4 bits (NF4,
+  // models/nf4.h) as they load; a LoRA base only.
+  bool load_in_4bit = false;
 };
 
 // Architectures Orchard reads, for messages.
@@ -121,7 +125,15 @@ struct ProjImpl : torch::nn::Module {
   }
   // W + scaling * B A in W's dtype (the merged weight).
   torch::Tensor merged_weight() const;
+  // Replaces the weight by its 4-bit NF4 codes (models/nf4.h): `weight`
+  // becomes empty, products expand the codes as they go.
+  void quantize_4bit();
+  // x2 (N, in) -> (N, out): x W^T + b, from the 4-bit codes where quantised.
+  torch::Tensor base(const torch::Tensor& x2) const;
+  torch::Tensor full_weight() const; // W, expanded where quantised
   torch::Tensor weight, bias;
+  Nf4Weight q4;
+  int64_t out_features = 0, in_features = 0;
   Weight lora_A{nullptr}, lora_B{nullptr};
   double scaling = 0, dropout = 0;
 };
@@ -238,6 +250,8 @@ struct LoadOptions {
   // The dtype the weights are held in; nullopt = as stored.
   std::optional<torch::ScalarType> dtype;
   int64_t context = 4096; // 0: the model's max_position_embeddings
+  // The layers' projections in 4 bits (NF4) for a frozen LoRA base.
+  bool load_in_4bit = false;
 };
 
 // Reads config.json and the safetensors (one file or shards) of a model

@@ -244,6 +244,11 @@ const config::Schema& finetune_schema() {
          .help = "recompute each layer in the backward instead of keeping "
                  "its activations (true)"});
     s.add(
+        {.key = "load_in_4bit",
+         .access = field(&C::load_in_4bit),
+         .help = "lora: the base's layer projections in 4 bits (NF4, as "
+                 "QLoRA): about a quarter of the memory, slower steps"});
+    s.add(
         {.key = "memory_fraction",
          .access = field(&C::memory_fraction),
          .help = "share of usable memory the batch estimate fills (0.8)",
@@ -333,6 +338,18 @@ FinetuneMemory finetune_memory(
   const double T = double(cfg.max_seq_length), C = double(m.hidden_size);
   const double I = double(m.intermediate_size), L = double(m.num_hidden_layers);
   r.weights = params * b;
+  if (lora && cfg.load_in_4bit) {
+    // The layers' projections at half a byte a weight plus one absmax per
+    // 64 weights; embeddings, norms (and an untied lm_head) as they were;
+    // one projection expanded at a time.
+    const double C_ = double(m.hidden_size), I_ = double(m.intermediate_size);
+    const double q = double(m.num_attention_heads * m.head_dim);
+    const double kv = double(m.num_key_value_heads * m.head_dim);
+    const double proj =
+        double(m.num_hidden_layers) * (C_ * q * 2 + C_ * kv * 2 + 3 * C_ * I_);
+    r.weights = (params - proj) * b + proj * (0.5 + b / 64) +
+        C_ * I_ * (b + 4); // the largest expanded matrix and its indices
+  }
   const double trained =
       lora ? double(lora_parameter_count(m, lora_spec(cfg))) : params;
   if (lora)
@@ -453,7 +470,11 @@ FinetuneResult run_finetune(
     // activations need loss scaling.
     precision.compute = torch::kFloat32;
     precision.loss_scaling = dtype == torch::kFloat16;
-    precision.name = dtype_label(dtype) + " base (frozen), float32 adapters";
+    precision.name =
+        (cfg.load_in_4bit ? "4-bit NF4 base (frozen, computing in " +
+                 dtype_label(dtype) + ")"
+                          : dtype_label(dtype) + " base (frozen)") +
+        ", float32 adapters";
     precision.why = cfg.dtype == "auto" && !cfg.fp16 && !cfg.bf16
         ? "auto: " + device.kind
         : "asked for";
@@ -464,6 +485,11 @@ FinetuneResult run_finetune(
                        : cfg.dtype,
         device);
   }
+  if (cfg.load_in_4bit && !lora)
+    throw UserError(
+        "load_in_4bit=true holds a frozen base in 4 bits for stage=lora; "
+        "stage=full trains every weight and needs them in full precision. "
+        "Use stage=lora, or drop load_in_4bit.");
   const int64_t T = cfg.max_seq_length;
   if (mc.sliding_window && T > *mc.sliding_window)
     throw UserError(
@@ -540,7 +566,9 @@ FinetuneResult run_finetune(
   lo.device = dev;
   lo.dtype = lora ? dtype : torch::kFloat32;
   lo.context = T;
+  lo.load_in_4bit = lora && cfg.load_in_4bit;
   log("Loading " + mc.architecture + " from " + cfg.model + " (" +
+      (lo.load_in_4bit ? "4-bit NF4 projections, " : "") +
       dtype_label(*lo.dtype) + " weights on " + device.name + ")...");
   models::Llama model = models::load_hf_model(cfg.model, lo);
   model->gradient_checkpointing = cfg.gradient_checkpointing;

@@ -60,6 +60,10 @@ struct FinetuneConfig {
   std::string dtype = "auto";
   bool fp16 = false, bf16 = false;
   bool gradient_checkpointing = true;
+  // lora: hold the layers' projections in 4 bits (NF4, QLoRA), the name
+  // transformers' BitsAndBytesConfig uses; the base's dtype above is then
+  // the compute dtype and that of everything else (embeddings, norms).
+  bool load_in_4bit = false;
   double memory_fraction = 0.8;
 
   std::string run; // "": the model folder's name
@@ -78,7 +82,7 @@ const config::Schema& finetune_schema();
 bool is_finetune_stage(const std::string& stage);
 
 struct FinetuneResult {
-  std::string run_dir, output_dir; // adapter/ or model/
+  std::string run_dir, output_dir;        // adapter/ or model/
   std::string data_description, chat_val; // held-out records (.chat)
   int64_t step = 0, total = 0;
   double val_loss = 0;
