@@ -3,15 +3,16 @@
 orchard_bench_lora_trace with ORCHARD_TRACE=FILE, or torch.profiler's
 export_chrome_trace): kernel count, busy time, span, and the top kernels.
 
-  trace_summary.py TRACE.json [TOP]
+  trace_summary.py TRACE.json[.gz] [TOP]
 """
 import collections
+import gzip
 import json
 import sys
 
 
 def main(path, top):
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         events = json.load(f)
     events = events.get("traceEvents", events)
     kern = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]

@@ -6,6 +6,8 @@
 #include "models/checkpointing.h"
 #include "models/nf4.h"
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -674,6 +676,60 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, KvCache* cache) {
                                                  : logits.to(torch::kFloat32);
 }
 
+namespace {
+
+// The summed cross-entropy of h W^T against targets (-1: ignored), over
+// chunks of rows, for a frozen W (LoRA): the gradient with respect to h,
+// (softmax - onehot) W per chunk, is taken in the forward while the chunk's
+// logits exist, so the backward only scales it; no (rows, V) logits are
+// kept, and none are computed twice.
+struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
+  static torch::Tensor forward(
+      torch::autograd::AutogradContext* ctx,
+      const torch::Tensor& h,
+      const torch::Tensor& w,
+      const torch::Tensor& targets,
+      int64_t chunk) {
+    const int64_t rows = h.size(0);
+    const bool need = h.requires_grad();
+    torch::Tensor dh = need ? torch::empty_like(h) : torch::Tensor();
+    // float32 arithmetic (float64 for a float64 model, as forward() keeps)
+    const auto acc =
+        h.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    auto total = torch::zeros({}, h.options().dtype(acc));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      auto t = targets.narrow(0, r0, n);
+      auto logits = at::mm(h.narrow(0, r0, n), w.t()).to(acc);
+      auto lse = logits.logsumexp(-1, /*keepdim=*/true); // (n, 1)
+      auto valid = t.ne(-1).unsqueeze(1);
+      auto tc = t.clamp_min(0).unsqueeze(1);
+      total.add_(((lse - logits.gather(1, tc)) * valid).sum());
+      if (need) {
+        auto p = logits.sub_(lse).exp_(); // softmax, in the logits' memory
+        p.scatter_add_(1, tc, torch::full_like(lse, -1));
+        p.mul_(valid);
+        auto out = dh.narrow(0, r0, n);
+        at::mm_out(out, p.to(h.scalar_type()), w);
+      }
+    }
+    ctx->save_for_backward({dh});
+    return total;
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::variable_list grads) {
+    auto dh = ctx->get_saved_variables()[0];
+    return {
+        dh * grads[0].to(dh.scalar_type()),
+        torch::Tensor(),
+        torch::Tensor(),
+        torch::Tensor()};
+  }
+};
+
+} // namespace
+
 torch::Tensor LlamaImpl::loss(
     const torch::Tensor& idx,
     const torch::Tensor& targets) {
@@ -684,9 +740,15 @@ torch::Tensor LlamaImpl::loss(
   auto counted = tgt.ne(-1).sum();
   // Chunks of about 16M logits: at a vocabulary of 128K, 128 rows each.
   const int64_t rows = flat.size(0);
-  const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(rows, (int64_t(1) << 24) / config.vocab_size));
-  const bool recompute = is_training() && torch::GradMode::is_enabled();
+  const int64_t chunk = loss_chunk_rows > 0
+      ? loss_chunk_rows
+      : std::max<int64_t>(
+            1, std::min<int64_t>(rows, (int64_t(1) << 24) / config.vocab_size));
+  const bool training = is_training() && torch::GradMode::is_enabled();
+  if (training && !lm_weight().requires_grad()) { // a frozen head (LoRA)
+    auto total = LinearCrossEntropy::apply(flat, lm_weight(), tgt, chunk);
+    return total / counted.clamp_min(1).to(total.scalar_type());
+  }
   loss_fns_.clear();
   // checkpointed() keeps a pointer to its function: no reallocation.
   loss_fns_.reserve(size_t((rows + chunk - 1) / chunk));
@@ -703,7 +765,7 @@ torch::Tensor LlamaImpl::loss(
     };
     auto part = flat.narrow(0, r0, n);
     torch::Tensor l;
-    if (recompute && rows > chunk) {
+    if (training && rows > chunk) {
       loss_fns_.push_back(fn);
       l = checkpointed(loss_fns_.back(), part);
     } else {

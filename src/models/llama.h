@@ -219,6 +219,7 @@ struct LlamaImpl : LanguageModel {
 
   HfModelConfig config;
   bool gradient_checkpointing = false;
+  int64_t loss_chunk_rows = 0; // 0: about 16M logits a chunk (tests set it)
   LlamaBody model{nullptr};
   Proj lm_head{nullptr}; // null when tied to model.embed_tokens
 

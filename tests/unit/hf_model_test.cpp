@@ -510,6 +510,51 @@ TEST(Lora, HalfBaseFusedPathWithSomeTargetsAndDropout) {
   }
 }
 
+// A frozen head (LoRA) takes the loss's gradient with respect to the hidden
+// states in the forward, chunk by chunk: the loss and the adapters'
+// gradients equal plain autograd through the full logits, ignored targets
+// included, whatever the chunk size.
+TEST(Lora, FrozenHeadLossEqualsPlainCrossEntropy) {
+  auto ids = reference(kHf + "/llama")["input_ids"];
+  auto targets = next_tokens(ids);
+  targets.index_put_({0, 2}, -1);
+  for (int64_t chunk : {0, 5, 7}) {
+    auto run = [&](bool fused) {
+      auto model = load("llama", torch::kFloat64);
+      torch::manual_seed(4);
+      models::LoraSpec spec;
+      spec.r = 2;
+      model->add_lora(spec, torch::kFloat64);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& [k, t] : models::adapter_tensors(model))
+          t.normal_(0, 0.1);
+      }
+      model->train();
+      model->loss_chunk_rows = chunk;
+      torch::Tensor loss;
+      if (fused) {
+        loss = model->loss(ids, targets);
+      } else {
+        auto logits = model->forward(ids);
+        loss = F::cross_entropy(
+            logits.reshape({-1, logits.size(-1)}),
+            targets.reshape({-1}),
+            F::CrossEntropyFuncOptions().ignore_index(-1));
+      }
+      loss.backward();
+      std::vector<torch::Tensor> out = {loss.detach()};
+      for (auto& [k, t] : models::adapter_tensors(model))
+        out.push_back(t.grad().clone());
+      return out;
+    };
+    auto fused = run(true), plain = run(false);
+    ASSERT_EQ(fused.size(), plain.size());
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_LT(max_diff(fused[i], plain[i]), 1e-10) << chunk << " " << i;
+  }
+}
+
 // With ORCHARD_PEFT_GOLDEN=DIR: writes an Orchard adapter (random, B
 // non-zero), Orchard's logits with it, and the merged model folder, for
 // tests/golden/make_hf_fixtures.py --verify-adapter / --verify-merged to
