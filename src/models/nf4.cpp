@@ -38,16 +38,21 @@ Nf4Weight quantize_nf4(const torch::Tensor& w) {
         std::to_string(kNf4Block) + "; got shape " + c10::str(w.sizes()) + ".");
   torch::NoGradGuard no_grad;
   const auto dtype = w.scalar_type();
-  auto levels = torch::tensor(nf4_levels()).to(w.device());
-  auto blocks = w.reshape({-1, kNf4Block}).to(torch::kFloat32);
+  // MPS: the codes are computed on the CPU (bucketize and uint8 arithmetic
+  // are not on every PyTorch's MPS backend) and moved over; one matrix at a
+  // time, so the host copy stays small. docs/apple-silicon.md lists it.
+  const torch::Device where = w.device().is_mps() ? torch::kCPU : w.device();
+  auto levels = torch::tensor(nf4_levels()).to(where);
+  auto blocks = w.to(where).reshape({-1, kNf4Block}).to(torch::kFloat32);
   auto absmax = blocks.abs().amax(1, /*keepdim=*/true);
   auto scaled = blocks / absmax.clamp_min(1e-12);
   // The nearest level: bucketize against the midpoints between levels.
   auto mid = (levels.narrow(0, 0, 15) + levels.narrow(0, 1, 15)) / 2;
   auto idx = torch::bucketize(scaled, mid).to(torch::kUInt8).reshape({-1, 2});
   Nf4Weight q;
-  q.codes = (idx.select(1, 0) * 16 + idx.select(1, 1)).contiguous();
-  q.absmax = absmax.reshape({-1}).to(dtype);
+  q.codes =
+      (idx.select(1, 0) * 16 + idx.select(1, 1)).contiguous().to(w.device());
+  q.absmax = absmax.reshape({-1}).to(w.device(), dtype);
   auto byte = torch::arange(256, torch::kInt64);
   q.pairs = torch::stack(
                 {levels.cpu().index_select(0, byte.div(16, "floor")),
