@@ -61,6 +61,7 @@ int plan_finetune_command(const PlanState& st) {
         {"stage", cfg.stage},
         {"architecture", mc.architecture},
         {"base_dtype", dname},
+        {"load_in_4bit", cfg.load_in_4bit},
         {"seq_len", cfg.max_seq_length},
         {"budget_bytes", plan.budget},
         {"candidates", rows},
@@ -72,11 +73,12 @@ int plan_finetune_command(const PlanState& st) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(
-        "Model: %s (%s), %s %s base, %lld tokens per row%s\n",
+        "Model: %s (%s), %s %s%s base, %lld tokens per row%s\n",
         cfg.model.c_str(),
         mc.architecture.c_str(),
         cfg.stage.c_str(),
-        dname,
+        cfg.load_in_4bit ? "4-bit NF4 (computing in " : "",
+        (std::string(dname) + (cfg.load_in_4bit ? ")" : "")).c_str(),
         (long long)cfg.max_seq_length,
         cfg.gradient_checkpointing ? ", gradient checkpointing" : "");
     std::printf("%s", train::finetune_plan_table(plan).c_str());

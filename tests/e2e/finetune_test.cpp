@@ -301,6 +301,7 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
        "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto j4 = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_TRUE(j4["load_in_4bit"].get<bool>());
   EXPECT_TRUE(j4["choice"]["fits"].get<bool>());
   EXPECT_LT(j4["choice"]["total_bytes"].get<double>(), 0.5 * total);
   EXPECT_GT(j4["choice"]["total_bytes"].get<double>(), 2.2e9);
