@@ -4,9 +4,8 @@
 #include "core/safetensors.h"
 #include "core/torch_compat.h"
 #include "models/checkpointing.h"
+#include "models/linear_cross_entropy.h"
 #include "models/nf4.h"
-
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <array>
@@ -22,184 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace F = torch::nn::functional;
 
-const std::map<std::string, std::string> kArchitectures = {
-    {"LlamaForCausalLM", "llama"},
-    {"Qwen2ForCausalLM", "qwen2"},
-    {"MistralForCausalLM", "mistral"},
-};
-
-torch::ScalarType dtype_of(const std::string& name, const std::string& file) {
-  if (name == "float32" || name.empty())
-    return torch::kFloat32;
-  if (name == "bfloat16")
-    return torch::kBFloat16;
-  if (name == "float16")
-    return torch::kFloat16;
-  throw UserError(
-      "'" + file + "' has dtype '" + name +
-      "'; Orchard reads float32, bfloat16 and float16 models.");
-}
-
-int64_t get_int(
-    const nlohmann::json& j,
-    const char* key,
-    const std::string& file) {
-  if (!j.contains(key) || !j[key].is_number_integer() ||
-      j[key].get<int64_t>() <= 0)
-    throw UserError(
-        "'" + file + "' needs a positive integer '" + key +
-        "'; is this a model folder transformers saved?");
-  return j[key].get<int64_t>();
-}
-
-// PyTorch's RMSNorm on a half-rotated layout: [x1 c - x2 s, x2 c + x1 s],
-// which is x * cos + rotate_half(x) * sin with cos = [c, c], sin = [s, s].
-torch::Tensor rotate(
-    const torch::Tensor& x,
-    const torch::Tensor& c,
-    const torch::Tensor& s) {
-  const int64_t d = x.size(-1) / 2;
-  auto x1 = x.narrow(-1, 0, d), x2 = x.narrow(-1, d, d);
-  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
-}
-
 } // namespace
-
-std::string supported_architectures() {
-  std::string s;
-  for (const auto& [a, t] : kArchitectures)
-    s += (s.empty() ? "" : ", ") + a;
-  return s;
-}
-
-HfModelConfig read_hf_config(const std::string& dir) {
-  const std::string file = (fs::path(dir) / "config.json").string();
-  if (!fs::is_directory(dir))
-    throw UserError(
-        "model folder '" + dir +
-        "' does not exist; give the folder a Hugging Face model was saved "
-        "or downloaded to (config.json, *.safetensors, tokenizer.json).");
-  std::ifstream in(file);
-  if (!in)
-    throw UserError(
-        "'" + dir +
-        "' has no config.json; it is not a Hugging Face model folder.");
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    throw UserError("'" + file + "' is not valid JSON.");
-  HfModelConfig c;
-  c.raw = j;
-  if (j.contains("architectures") && j["architectures"].is_array() &&
-      !j["architectures"].empty() && j["architectures"][0].is_string())
-    c.architecture = j["architectures"][0];
-  c.model_type = j.value("model_type", "");
-  auto known = kArchitectures.find(c.architecture);
-  if (known == kArchitectures.end())
-    throw UserError(
-        "'" + file + "' describes " +
-        (c.architecture.empty() ? std::string("no architecture")
-                                : "a " + c.architecture) +
-        "; Orchard reads " + supported_architectures() + ".");
-  const std::string act = j.value("hidden_act", "silu");
-  if (act != "silu")
-    throw UserError(
-        "'" + file + "' uses hidden_act '" + act +
-        "'; Orchard's Llama-family models use silu.");
-  c.vocab_size = get_int(j, "vocab_size", file);
-  c.hidden_size = get_int(j, "hidden_size", file);
-  c.intermediate_size = get_int(j, "intermediate_size", file);
-  c.num_hidden_layers = get_int(j, "num_hidden_layers", file);
-  c.num_attention_heads = get_int(j, "num_attention_heads", file);
-  c.num_key_value_heads =
-      j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-      ? get_int(j, "num_key_value_heads", file)
-      : c.num_attention_heads;
-  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
-      ? get_int(j, "head_dim", file)
-      : c.hidden_size / c.num_attention_heads;
-  c.max_position_embeddings = get_int(j, "max_position_embeddings", file);
-  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
-  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  if (known->second == "qwen2") {
-    c.qkv_bias = true;
-  } else {
-    c.qkv_bias = c.o_bias = j.value("attention_bias", false);
-    c.mlp_bias = j.value("mlp_bias", false);
-  }
-  if (known->second == "mistral" && j.contains("sliding_window") &&
-      j["sliding_window"].is_number_integer())
-    c.sliding_window = j["sliding_window"].get<int64_t>();
-  // transformers 5 keeps rope settings in rope_parameters; 4.x in rope_theta
-  // and rope_scaling ("type" in older files, "rope_type" in newer ones).
-  nlohmann::json rope = nlohmann::json::object();
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
-    rope = j["rope_parameters"];
-  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
-    rope = j["rope_scaling"];
-  c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
-                                             : j.value("rope_theta", 10000.0);
-  c.rope_type =
-      rope.value("rope_type", rope.value("type", std::string("default")));
-  if (c.rope_type == "llama3") {
-    c.rope_factor = rope.value("factor", 8.0);
-    c.low_freq_factor = rope.value("low_freq_factor", 1.0);
-    c.high_freq_factor = rope.value("high_freq_factor", 4.0);
-    c.original_max_position_embeddings =
-        rope.value("original_max_position_embeddings", int64_t(8192));
-  } else if (c.rope_type != "default") {
-    throw UserError(
-        "'" + file + "' uses rope scaling '" + c.rope_type +
-        "'; Orchard supports the default rotary embedding and llama3 "
-        "scaling.");
-  }
-  c.dtype = dtype_of(
-      j.value("torch_dtype", j.value("dtype", std::string("float32"))), file);
-  if (c.head_dim % 2 != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
-    throw UserError(
-        "'" + file +
-        "' has an odd head_dim or num_attention_heads not divisible by "
-        "num_key_value_heads; the file is damaged or not a Llama-family "
-        "model.");
-  return c;
-}
-
-const std::vector<std::string>& llama_projections() {
-  static const std::vector<std::string> all = {
-      "q_proj",
-      "k_proj",
-      "v_proj",
-      "o_proj",
-      "gate_proj",
-      "up_proj",
-      "down_proj"};
-  return all;
-}
-
-std::vector<std::string> normalize_target_modules(
-    const std::vector<std::string>& names) {
-  const std::vector<std::string>& all = llama_projections();
-  std::vector<std::string> out;
-  for (auto n : names) {
-    if (n == "all-linear" || n == "all_linear") {
-      out = all;
-      continue;
-    }
-    if (n.find("_proj") == std::string::npos)
-      n += "_proj";
-    if (std::find(all.begin(), all.end(), n) == all.end())
-      throw UserError(
-          "lora.target_modules names '" + n +
-          "'; the Llama-family projections are q_proj, k_proj, v_proj, "
-          "o_proj, gate_proj, up_proj and down_proj (or q, k, v, o, gate, "
-          "up, down, all-linear).");
-    if (std::find(out.begin(), out.end(), n) == out.end())
-      out.push_back(n);
-  }
-  if (out.empty())
-    throw UserError(
-        "lora.target_modules is empty; name at least one projection.");
-  return out;
-}
 
 ProjImpl::ProjImpl(torch::Tensor w, torch::Tensor b)
     : out_features(w.size(0)), in_features(w.size(1)) {
@@ -247,24 +69,9 @@ torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
   if (dropout > 0 && is_training())
     h = F::dropout(h, F::DropoutFuncOptions().p(dropout).training(true));
   const auto dt = y.scalar_type();
-  if ((dt == torch::kBFloat16 || dt == torch::kFloat16) &&
-      A.scalar_type() != dt) {
-    // A half-precision base: the branch runs in the base's dtype with the
-    // adapters cast to it (PEFT under autocast does the same), and the sum
-    // is one matrix product with y as its addend: no full-size float32
-    // copies of the input or the output.
-    auto a = F::linear(h, A.to(dt)); // (..., r)
-    auto y2 = y.reshape({-1, y.size(-1)});
-    auto out = at::addmm(
-        y2,
-        a.reshape({-1, a.size(-1)}),
-        B.to(dt).t(),
-        /*beta=*/1,
-        /*alpha=*/scaling);
-    return out.view(y.sizes());
-  }
   // PEFT's order of operations: the input cast to the adapters' dtype, the
-  // sum taken there and cast back.
+  // sum taken there and cast back. (Float32 adapters on a half-precision
+  // base take LayerProjections' path in llama.cpp instead.)
   auto delta = F::linear(F::linear(h.to(A.scalar_type()), A), B) * scaling;
   if (delta.scalar_type() == dt)
     return y + delta;
@@ -430,16 +237,15 @@ std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rope_tables(
 
 namespace {
 
-// x (B, T, heads, D) rotated by the (T, D) tables of rope_tables():
-// x * [c, c] + [x2, x1] * [-s, s], which is transformers'
-// x * cos + rotate_half(x) * sin element for element (negation is exact).
-torch::Tensor rotate_full(
+// x (B, T, heads, D) rotated by rows of rope_tables() shaped to broadcast
+// against it ((1, T, 1, D) or (B, 1, 1, D)): x * [c, c] + [x2, x1] * [-s, s],
+// which is transformers' x * cos + rotate_half(x) * sin element for element
+// (negation is exact).
+torch::Tensor rotate(
     const torch::Tensor& x,
     const torch::Tensor& cos,
     const torch::Tensor& sin) {
-  const int64_t T = x.size(1), D = x.size(-1);
-  auto c = cos.view({1, T, 1, D}), s = sin.view({1, T, 1, D});
-  return x * c + torch::roll(x, D / 2, -1) * s;
+  return x * cos + torch::roll(x, x.size(-1) / 2, -1) * sin;
 }
 
 // A layer's adapters cast to a half-precision base's dtype with one cast:
@@ -538,6 +344,74 @@ torch::Tensor adapter_input(
   return at::mm(h, A.t());
 }
 
+// A layer's seven projections (q, k, v, o, gate, up, down) of inputs
+// (..., in) -> (N, out). With float32 adapters on a half-precision base,
+// the path above (one cast per layer, shared A products, in-place sums);
+// otherwise each projection's own forward (PEFT's order of operations).
+class LayerProjections {
+ public:
+  LayerProjections(
+      LlamaLayerImpl& layer,
+      torch::ScalarType dtype,
+      bool training)
+      : training_(training) {
+    auto& a = *layer.self_attn;
+    auto& m = *layer.mlp;
+    ps_ = {
+        a.q_proj.get(),
+        a.k_proj.get(),
+        a.v_proj.get(),
+        a.o_proj.get(),
+        m.gate_proj.get(),
+        m.up_proj.get(),
+        m.down_proj.get()};
+    const bool half = dtype == torch::kBFloat16 || dtype == torch::kFloat16;
+    for (auto* p : ps_)
+      fused_ = fused_ ||
+          (half && p->has_lora() && p->lora_A->weight.scalar_type() != dtype);
+    if (fused_)
+      ad_ = cast_adapters(ps_, dtype);
+  }
+
+  // {0, 1, 2}: q, k, v of one input; {3}: o; {4, 5}: gate, up; {6}: down.
+  std::vector<torch::Tensor> operator()(
+      const torch::Tensor& h,
+      std::initializer_list<int> idx) const {
+    std::vector<torch::Tensor> ys;
+    auto h2 = h.reshape({-1, h.size(-1)});
+    if (!fused_) {
+      for (int k : idx)
+        ys.push_back(ps_[size_t(k)]->forward(h2));
+      return ys;
+    }
+    const int first = *idx.begin();
+    const auto& fusedA = first == 0 ? ad_.A_qkv
+        : first == 4                ? ad_.A_gate_up
+                                    : torch::Tensor();
+    std::vector<torch::Tensor> as;
+    if (fusedA.defined())
+      as = at::mm(h2, fusedA.t())
+               .split(ps_[size_t(first)]->lora_A->weight.size(0), 1);
+    size_t j = 0;
+    for (int k : idx) {
+      const auto& p = *ps_[size_t(k)];
+      torch::Tensor a2;
+      if (fusedA.defined())
+        a2 = as[j];
+      else if (p.has_lora())
+        a2 = adapter_input(p, h2, ad_.A[k], training_);
+      ys.push_back(project(p, h2, a2, ad_.B[k]));
+      ++j;
+    }
+    return ys;
+  }
+
+ private:
+  std::array<ProjImpl*, 7> ps_{};
+  LayerAdapters ad_;
+  bool fused_ = false, training_ = false;
+};
+
 } // namespace
 
 torch::Tensor LlamaImpl::layer_forward(
@@ -549,63 +423,14 @@ torch::Tensor LlamaImpl::layer_forward(
     torch::Tensor* cache_v) {
   auto* layer = model->layers[i]->as<LlamaLayerImpl>();
   auto& a = *layer->self_attn;
-  auto& m = *layer->mlp;
   const int64_t B = x.size(0), T = x.size(1);
-  const std::array<ProjImpl*, 7> ps = {
-      a.q_proj.get(),
-      a.k_proj.get(),
-      a.v_proj.get(),
-      a.o_proj.get(),
-      m.gate_proj.get(),
-      m.up_proj.get(),
-      m.down_proj.get()};
-  const auto dt = x.scalar_type();
-  const bool half = dt == torch::kBFloat16 || dt == torch::kFloat16;
-  bool adapters = false;
-  for (auto* p : ps)
-    adapters =
-        adapters || (p->has_lora() && p->lora_A->weight.scalar_type() != dt);
-  // A half-precision base with float32 adapters: the fused path above.
-  // Otherwise (float32 base, or no adapters) each projection's own forward
-  // (PEFT's order of operations where adapters exist).
-  const bool fused = half && adapters;
-  LayerAdapters ad;
-  if (fused)
-    ad = cast_adapters(ps, dt);
-  const bool training = is_training();
-  // Projections of h (B, T, in) -> (B*T, out) for the listed indices.
-  auto run = [&](const torch::Tensor& h,
-                 std::initializer_list<int> idx,
-                 const torch::Tensor& fusedA) {
-    std::vector<torch::Tensor> ys;
-    if (!fused) {
-      for (int k : idx)
-        ys.push_back(ps[size_t(k)]->forward(h).reshape({B * T, -1}));
-      return ys;
-    }
-    auto h2 = h.reshape({B * T, h.size(-1)});
-    std::vector<torch::Tensor> as;
-    if (fusedA.defined())
-      as = at::mm(h2, fusedA.t())
-               .split(ps[size_t(*idx.begin())]->lora_A->weight.size(0), 1);
-    size_t j = 0;
-    for (int k : idx) {
-      const auto& p = *ps[size_t(k)];
-      torch::Tensor a2;
-      if (fusedA.defined())
-        a2 = as[j];
-      else if (p.has_lora())
-        a2 = adapter_input(p, h2, ad.A[k], training);
-      ys.push_back(project(p, h2, a2, ad.B[k]));
-      ++j;
-    }
-    return ys;
-  };
+  LayerProjections run(*layer, x.scalar_type(), is_training());
   auto h = layer->input_layernorm(x);
-  auto qkv = run(h, {0, 1, 2}, ad.A_qkv);
-  auto q = rotate_full(qkv[0].view({B, T, a.n_head, a.head_dim}), cos, sin)
-               .transpose(1, 2);
-  auto k = rotate_full(qkv[1].view({B, T, a.n_kv_head, a.head_dim}), cos, sin)
+  auto qkv = run(h, {0, 1, 2});
+  auto c = cos.view({1, T, 1, -1}), s = sin.view({1, T, 1, -1});
+  auto q =
+      rotate(qkv[0].view({B, T, a.n_head, a.head_dim}), c, s).transpose(1, 2);
+  auto k = rotate(qkv[1].view({B, T, a.n_kv_head, a.head_dim}), c, s)
                .transpose(1, 2);
   auto v = qkv[2].view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
   if (cache_k) {
@@ -622,11 +447,11 @@ torch::Tensor LlamaImpl::layer_forward(
   }
   auto y = compat::causal_attention(q, k, v); // (B, H, T, D)
   y = y.transpose(1, 2).reshape({B, T, a.n_head * a.head_dim});
-  x = x + run(y, {3}, {})[0].view({B, T, -1});
+  x = x + run(y, {3})[0].view({B, T, -1});
   h = layer->post_attention_layernorm(x);
-  auto gu = run(h, {4, 5}, ad.A_gate_up);
+  auto gu = run(h, {4, 5});
   auto act = (torch::silu(gu[0]) * gu[1]).view({B, T, -1});
-  return x + run(act, {6}, {})[0].view({B, T, -1});
+  return x + run(act, {6})[0].view({B, T, -1});
 }
 
 torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
@@ -676,60 +501,6 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, KvCache* cache) {
                                                  : logits.to(torch::kFloat32);
 }
 
-namespace {
-
-// The summed cross-entropy of h W^T against targets (-1: ignored), over
-// chunks of rows, for a frozen W (LoRA): the gradient with respect to h,
-// (softmax - onehot) W per chunk, is taken in the forward while the chunk's
-// logits exist, so the backward only scales it; no (rows, V) logits are
-// kept, and none are computed twice.
-struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
-  static torch::Tensor forward(
-      torch::autograd::AutogradContext* ctx,
-      const torch::Tensor& h,
-      const torch::Tensor& w,
-      const torch::Tensor& targets,
-      int64_t chunk) {
-    const int64_t rows = h.size(0);
-    const bool need = h.requires_grad();
-    torch::Tensor dh = need ? torch::empty_like(h) : torch::Tensor();
-    // float32 arithmetic (float64 for a float64 model, as forward() keeps)
-    const auto acc =
-        h.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    auto total = torch::zeros({}, h.options().dtype(acc));
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t n = std::min(chunk, rows - r0);
-      auto t = targets.narrow(0, r0, n);
-      auto logits = at::mm(h.narrow(0, r0, n), w.t()).to(acc);
-      auto lse = logits.logsumexp(-1, /*keepdim=*/true); // (n, 1)
-      auto valid = t.ne(-1).unsqueeze(1);
-      auto tc = t.clamp_min(0).unsqueeze(1);
-      total.add_(((lse - logits.gather(1, tc)) * valid).sum());
-      if (need) {
-        auto p = logits.sub_(lse).exp_(); // softmax, in the logits' memory
-        p.scatter_add_(1, tc, torch::full_like(lse, -1));
-        p.mul_(valid);
-        auto out = dh.narrow(0, r0, n);
-        at::mm_out(out, p.to(h.scalar_type()), w);
-      }
-    }
-    ctx->save_for_backward({dh});
-    return total;
-  }
-  static torch::autograd::variable_list backward(
-      torch::autograd::AutogradContext* ctx,
-      torch::autograd::variable_list grads) {
-    auto dh = ctx->get_saved_variables()[0];
-    return {
-        dh * grads[0].to(dh.scalar_type()),
-        torch::Tensor(),
-        torch::Tensor(),
-        torch::Tensor()};
-  }
-};
-
-} // namespace
-
 torch::Tensor LlamaImpl::loss(
     const torch::Tensor& idx,
     const torch::Tensor& targets) {
@@ -746,7 +517,7 @@ torch::Tensor LlamaImpl::loss(
             1, std::min<int64_t>(rows, (int64_t(1) << 24) / config.vocab_size));
   const bool training = is_training() && torch::GradMode::is_enabled();
   if (training && !lm_weight().requires_grad()) { // a frozen head (LoRA)
-    auto total = LinearCrossEntropy::apply(flat, lm_weight(), tgt, chunk);
+    auto total = linear_cross_entropy(flat, lm_weight(), tgt, chunk);
     return total / counted.clamp_min(1).to(total.scalar_type());
   }
   loss_fns_.clear();
@@ -783,24 +554,25 @@ torch::Tensor LlamaImpl::decode_batch(
   const int64_t B = idx.size(0), Tmax = context_;
   if (cache.k.empty())
     throw std::invalid_argument("[decode_batch] empty cache");
-  auto cos = rope_cos_.index_select(0, pos).view({B, 1, 1, -1});
-  auto sin = rope_sin_.index_select(0, pos).view({B, 1, 1, -1});
   auto visible =
       (torch::arange(Tmax, pos.options()).view({1, Tmax}) <= pos.view({B, 1}))
           .view({B, 1, 1, Tmax});
   auto x = F::embedding(idx.view({B, 1}), model->embed_tokens->weight);
+  const auto [cos_all, sin_all] = rope_tables(x.scalar_type());
+  auto c = cos_all.index_select(0, pos).view({B, 1, 1, -1});
+  auto s = sin_all.index_select(0, pos).view({B, 1, 1, -1});
   using torch::indexing::Slice;
   auto rows = torch::arange(B, pos.options());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     auto* layer = model->layers[i]->as<LlamaLayerImpl>();
     auto& a = *layer->self_attn;
+    LayerProjections run(*layer, x.scalar_type(), is_training());
     auto h = layer->input_layernorm(x);
-    auto q = a.q_proj(h).view({B, 1, a.n_head, a.head_dim}).transpose(1, 2);
-    auto k = a.k_proj(h).view({B, 1, a.n_kv_head, a.head_dim}).transpose(1, 2);
-    auto v = a.v_proj(h).view({B, 1, a.n_kv_head, a.head_dim});
-    auto c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
-    q = rotate(q, c, s);                 // (B, H, 1, D)
-    k = rotate(k, c, s).transpose(1, 2); // (B, 1, Hkv, D)
+    auto qkv = run(h, {0, 1, 2});
+    auto q = rotate(qkv[0].view({B, 1, a.n_head, a.head_dim}), c, s)
+                 .transpose(1, 2); // (B, H, 1, D)
+    auto k = rotate(qkv[1].view({B, 1, a.n_kv_head, a.head_dim}), c, s);
+    auto v = qkv[2].view({B, 1, a.n_kv_head, a.head_dim});
     auto& ck = cache.k[size_t(i)];
     auto& cv = cache.v[size_t(i)];
     ck.index_put_(
@@ -824,10 +596,10 @@ torch::Tensor LlamaImpl::decode_batch(
         torch::softmax(scores, -1).to(q.scalar_type()),
         values.to(q.scalar_type()));
     y = y.transpose(1, 2).reshape({B, 1, a.n_head * a.head_dim});
-    x = x + a.o_proj(y);
-    auto& m = *layer->mlp;
+    x = x + run(y, {3})[0].view({B, 1, -1});
     h = layer->post_attention_layernorm(x);
-    x = x + m.down_proj(torch::silu(m.gate_proj(h)) * m.up_proj(h));
+    auto gu = run(h, {4, 5});
+    x = x + run((torch::silu(gu[0]) * gu[1]), {6})[0].view({B, 1, -1});
   }
   auto h = model->norm(x);
   auto logits = lm_head.is_empty() ? F::linear(h, lm_weight()) : lm_head(h);

@@ -261,12 +261,13 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
           {"tie_word_embeddings", true},
           {"torch_dtype", "bfloat16"}}
           .dump());
-  auto plan = [&](const std::string& gb) {
+  auto plan = [&](const std::string& gb, std::string extra = "dtype=auto") {
     return run_orchard(
         {"plan",
          "--preset",
          "lora-llama-3.2-3b",
          "model=" + tmp.file("l3b"),
+         extra,
          "--assume-device",
          "mps",
          "--memory-gb",
@@ -288,17 +289,7 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   // With the projections in 4 bits it does, at about a third of the bf16
   // estimate (the 0.79 GB embedding stays in bf16).
-  r = run_orchard(
-      {"plan",
-       "--preset",
-       "lora-llama-3.2-3b",
-       "model=" + tmp.file("l3b"),
-       "load_in_4bit=true",
-       "--assume-device",
-       "mps",
-       "--memory-gb",
-       "8",
-       "--json"});
+  r = plan("8", "load_in_4bit=true");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto j4 = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_TRUE(j4["load_in_4bit"].get<bool>());

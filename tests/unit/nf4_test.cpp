@@ -3,10 +3,11 @@
 // on the expanded matrix, and a Llama loaded in 4 bits against the same
 // model with its projections replaced by their expansion.
 #include "models/nf4.h"
-#include "test_util.h"
 #include "core/error.h"
+#include "lora_test_util.h"
 #include "models/llama.h"
 #include "models/lora.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -121,22 +122,13 @@ TEST(Nf4, AFourBitLlamaEqualsItsExpandedProjectionsAndTrainsAdapters) {
   // LoRA on the 4-bit base, with checkpointing: the adapters' gradients
   // equal the full-precision twin's.
   auto grads = [&](models::Llama& m, bool ckpt) {
-    torch::manual_seed(3);
     models::LoraSpec spec;
     spec.r = 2;
-    m->add_lora(spec, torch::kFloat32);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& [k, t] : models::adapter_tensors(m))
-        t.normal_(0, 0.1);
-    }
+    test::add_random_lora(m, spec, torch::kFloat32, 3);
     m->gradient_checkpointing = ckpt;
     m->train();
     m->loss(ids, ids).backward();
-    std::vector<torch::Tensor> g;
-    for (auto& [k, t] : models::adapter_tensors(m))
-      g.push_back(t.grad().clone());
-    return g;
+    return test::adapter_grads(m);
   };
   auto gq = grads(q, true), gr = grads(ref, false);
   ASSERT_EQ(gq.size(), gr.size());
