@@ -82,27 +82,42 @@ void Optimizers::adamw_step(size_t gi, double lr) {
     }
     buckets[{s.step, p.device().str(), int(p.scalar_type())}].push_back(i);
   }
+  // Each bucket is updated in slices of at most adam_slice_elements (a
+  // larger tensor alone): the square-root denominators exist for one slice
+  // at a time, so the transient stays near 256 MB rather than the size of
+  // every parameter (a LoRA run's adapters are one slice).
+  const int64_t kSliceElements = options_.adam_slice_elements;
   for (const auto& [key, idx] : buckets) {
-    std::vector<torch::Tensor> params, grads, avg, sq;
-    for (size_t i : idx) {
-      params.push_back(g.params[i].second);
-      grads.push_back(g.params[i].second.grad());
-      avg.push_back(states[i].exp_avg);
-      sq.push_back(states[i].exp_avg_sq);
-      ++states[i].step;
-    }
     const int64_t step = std::get<0>(key) + 1;
     const double bc1 = 1 - std::pow(b1, double(step));
     const double bc2 = 1 - std::pow(b2, double(step));
-    at::_foreach_mul_(params, 1 - lr * g.weight_decay);
-    at::_foreach_mul_(avg, b1);
-    at::_foreach_add_(avg, grads, 1 - b1);
-    at::_foreach_mul_(sq, b2);
-    at::_foreach_addcmul_(sq, grads, grads, 1 - b2);
-    auto denom = at::_foreach_sqrt(sq);
-    at::_foreach_div_(denom, std::sqrt(bc2));
-    at::_foreach_add_(denom, options_.adam_eps);
-    at::_foreach_addcdiv_(params, avg, denom, -lr / bc1);
+    for (size_t start = 0; start < idx.size();) {
+      std::vector<torch::Tensor> params, grads, avg, sq;
+      int64_t elements = 0;
+      size_t end = start;
+      for (; end < idx.size(); ++end) {
+        const size_t i = idx[end];
+        const auto& p = g.params[i].second;
+        if (end > start && elements + p.numel() > kSliceElements)
+          break;
+        elements += p.numel();
+        params.push_back(p);
+        grads.push_back(p.grad());
+        avg.push_back(states[i].exp_avg);
+        sq.push_back(states[i].exp_avg_sq);
+        ++states[i].step;
+      }
+      start = end;
+      at::_foreach_mul_(params, 1 - lr * g.weight_decay);
+      at::_foreach_mul_(avg, b1);
+      at::_foreach_add_(avg, grads, 1 - b1);
+      at::_foreach_mul_(sq, b2);
+      at::_foreach_addcmul_(sq, grads, grads, 1 - b2);
+      auto denom = at::_foreach_sqrt(sq);
+      at::_foreach_div_(denom, std::sqrt(bc2));
+      at::_foreach_add_(denom, options_.adam_eps);
+      at::_foreach_addcdiv_(params, avg, denom, -lr / bc1);
+    }
   }
 }
 

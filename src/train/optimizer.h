@@ -45,6 +45,9 @@ struct OptimizerOptions {
   // Newton-Schulz runs in bfloat16 where the run computes in it (its
   // iterations are stable there, per the Muon write-up), float32 elsewhere.
   torch::ScalarType newton_schulz_dtype = torch::kFloat32;
+  // AdamW updates tensors together in slices of at most this many elements
+  // (a larger tensor alone); it bounds the update's temporary memory.
+  int64_t adam_slice_elements = int64_t(1) << 26;
 };
 
 // The orthogonalised update of Muon for a 2-D gradient: approximately

@@ -111,16 +111,12 @@ TEST(Optimizers, AdamwGroupsMatchLibtorchAdamw) {
   EXPECT_TRUE(torch::allclose(a, b, 0, 0));
 }
 
-// Several tensors of several shapes in two groups, one of which misses a
-// step (no gradient: no update and its own step count afterwards), float32
-// and float64: the multi-tensor update equals libtorch's per-tensor AdamW
-// exactly, and each tensor keeps its own step count.
-TEST(Optimizers, MultiTensorAdamwMatchesLibtorchWithASkippedTensor) {
+void check_multi_tensor_adamw(int64_t slice) {
   torch::manual_seed(3);
   std::vector<std::vector<int64_t>> shapes = {{4, 3}, {7}, {2, 5, 3}, {1}};
   std::vector<torch::Tensor> ours, ref;
   for (size_t i = 0; i < shapes.size(); ++i) {
-    auto dt = i % 2 ? torch::kFloat32 : torch::kFloat64;
+    auto dt = i < 2 ? torch::kFloat64 : torch::kFloat32; // a group each
     auto t = torch::randn(shapes[i], dt);
     ours.push_back(t.clone().requires_grad_(true));
     ref.push_back(t.clone().requires_grad_(true));
@@ -128,7 +124,10 @@ TEST(Optimizers, MultiTensorAdamwMatchesLibtorchWithASkippedTensor) {
   Optimizers opt(
       {{"a", {{"w0", ours[0]}, {"w1", ours[1]}}, 0.01, 0.1, false},
        {"b", {{"w2", ours[2]}, {"w3", ours[3]}}, 0.003, 0.0, false}},
-      {.adam_beta1 = 0.9, .adam_beta2 = 0.999, .adam_eps = 1e-8});
+      {.adam_beta1 = 0.9,
+       .adam_beta2 = 0.999,
+       .adam_eps = 1e-8,
+       .adam_slice_elements = slice});
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto opts = [](double lr, double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
@@ -166,12 +165,23 @@ TEST(Optimizers, MultiTensorAdamwMatchesLibtorchWithASkippedTensor) {
             .lr(static_cast<torch::optim::AdamWOptions&>(g.options()).lr() * 2);
   }
   for (size_t i = 0; i < ours.size(); ++i)
-    EXPECT_TRUE(torch::equal(ours[i], ref[i])) << i;
+    EXPECT_TRUE(torch::equal(ours[i], ref[i])) << i << " slice " << slice;
   std::map<std::string, torch::Tensor> state;
   for (auto& [k, v] : opt.state())
     state[k] = v;
   EXPECT_EQ(state.at("w1.step").item<int64_t>(), 4);
   EXPECT_EQ(state.at("w0.step").item<int64_t>(), 5);
+}
+
+// Several tensors of several shapes in two groups, one of which misses a
+// step (no gradient: no update and its own step count afterwards), float32
+// and float64: the multi-tensor update equals libtorch's per-tensor AdamW
+// exactly, and each tensor keeps its own step count.
+TEST(Optimizers, MultiTensorAdamwMatchesLibtorchWithASkippedTensor) {
+  // Slices: every tensor together, and at most 10 elements (every tensor in
+  // a slice of its own).
+  for (int64_t slice : {int64_t(1) << 26, int64_t(10)})
+    check_multi_tensor_adamw(slice);
 }
 
 TEST(Optimizers, StateRoundTripsAndContinuesIdentically) {
