@@ -60,6 +60,27 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// One code point as UTF-8.
+inline std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xc0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    s += char(0xe0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3f));
+    s += char(0x80 | (cp & 0x3f));
+  } else {
+    s += char(0xf0 | (cp >> 18));
+    s += char(0x80 | ((cp >> 12) & 0x3f));
+    s += char(0x80 | ((cp >> 6) & 0x3f));
+    s += char(0x80 | (cp & 0x3f));
+  }
+  return s;
+}
+
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

@@ -4,6 +4,7 @@
 #include "infer/engine.h"
 #include "text/tokenizer_io.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -60,14 +61,12 @@ Command register_generate(CLI::App& root) {
         infer::LoadedModel loaded = load_model(st->model, d);
         text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
         infer::Engine engine(loaded.model, d.device);
-        auto bos = tok.special_id("<|bos|>");
-        if (!bos)
-          bos = tok.special_id("<|begin_of_text|>"); // Llama 3
-        if (!bos)
-          bos = tok.special_id("<|endoftext|>");
+        auto bos = tok.document_start();
         infer::SamplingOptions opt = st->sampling;
         if (bos)
           opt.stop_tokens.push_back(*bos);
+        for (auto id : tok.document_ends())
+          opt.stop_tokens.push_back(id);
         auto run = [&](const std::string& prompt) {
           std::vector<int64_t> ids;
           if (bos)
@@ -81,7 +80,9 @@ Command register_generate(CLI::App& root) {
               ids,
               opt,
               [&](int64_t id) {
-                if (bos && id == int64_t(*bos))
+                if (std::find(
+                        opt.stop_tokens.begin(), opt.stop_tokens.end(), id) !=
+                    opt.stop_tokens.end())
                   return false;
                 std::string piece;
                 tok.token_bytes(text::TokenId(id), piece);

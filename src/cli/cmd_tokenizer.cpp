@@ -147,48 +147,54 @@ Command register_tokenizer(CLI::App& root) {
       ->required();
   train->callback([train_opts] { run_train(*train_opts); });
 
-  return {app, [st, enc, dec, info, train] {
-            if (train->parsed())
-              return 0; // ran in its callback
-            text::Tokenizer tok = text::load_tokenizer(st->tokenizer);
-            if (enc->parsed()) {
-              auto ids = tok.encode(
-                  read_input(st->input),
-                  st->allow_special ? text::Allowed::every()
-                                    : text::Allowed::none());
-              std::string out;
-              for (size_t i = 0; i < ids.size(); ++i)
-                out += (i ? " " : "") + std::to_string(ids[i]);
-              std::cout << out << "\n";
-            } else if (dec->parsed()) {
-              std::string in = read_input(st->input);
-              std::istringstream words(in);
-              std::vector<text::TokenId> ids;
-              std::string word;
-              for (size_t n = 1; words >> word; ++n) {
-                char* end = nullptr;
-                unsigned long v = std::strtoul(word.c_str(), &end, 10);
-                if (*end != '\0' || word[0] == '-' || v > UINT32_MAX)
-                  throw UserError(
-                      "decode input, token " + std::to_string(n) + ": '" +
-                      word +
-                      "' is not a token id (whole numbers separated "
-                      "by spaces, as `orchard tokenizer encode` prints).");
-                ids.push_back(text::TokenId(v));
-              }
-              std::string bytes = tok.decode(ids);
-              std::cout.write(bytes.data(), bytes.size());
-            } else if (info->parsed()) {
-              std::cout << "format: " << tok.format() << "\n"
-                        << "vocab_size: " << tok.vocab_size() << "\n"
-                        << "pattern: " << tok.pattern() << "\n"
-                        << "special_tokens: " << tok.special_tokens().size()
-                        << "\n";
-              for (const auto& [text, id] : tok.special_tokens())
-                std::cout << "  " << id << " " << printable(text) << "\n";
-            }
-            return 0;
-          }};
+  return {
+      app, [st, enc, dec, info, train] {
+        if (train->parsed())
+          return 0; // ran in its callback
+        text::Tokenizer tok = text::load_tokenizer(st->tokenizer);
+        if (enc->parsed()) {
+          auto ids = tok.encode(
+              read_input(st->input),
+              st->allow_special ? text::Allowed::every()
+                                : text::Allowed::none());
+          std::string out;
+          for (size_t i = 0; i < ids.size(); ++i)
+            out += (i ? " " : "") + std::to_string(ids[i]);
+          std::cout << out << "\n";
+        } else if (dec->parsed()) {
+          std::string in = read_input(st->input);
+          std::istringstream words(in);
+          std::vector<text::TokenId> ids;
+          std::string word;
+          for (size_t n = 1; words >> word; ++n) {
+            char* end = nullptr;
+            unsigned long v = std::strtoul(word.c_str(), &end, 10);
+            if (*end != '\0' || word[0] == '-' || v > UINT32_MAX)
+              throw UserError(
+                  "decode input, token " + std::to_string(n) + ": '" + word +
+                  "' is not a token id (whole numbers separated "
+                  "by spaces, as `orchard tokenizer encode` prints).");
+            ids.push_back(text::TokenId(v));
+          }
+          std::string bytes = tok.decode(ids);
+          std::cout.write(bytes.data(), bytes.size());
+        } else if (info->parsed()) {
+          std::cout << "format: " << tok.format()
+                    << (tok.sentencepiece() ? " (SentencePiece-style BPE)" : "")
+                    << "\n"
+                    << "vocab_size: " << tok.vocab_size() << "\n"
+                    << "pattern: "
+                    << (tok.sentencepiece() ? "(none: \"\xE2\x96\x81\" marks "
+                                              "word starts)"
+                                            : tok.pattern())
+                    << "\n"
+                    << "special_tokens: " << tok.special_tokens().size()
+                    << "\n";
+          for (const auto& [text, id] : tok.special_tokens())
+            std::cout << "  " << id << " " << printable(text) << "\n";
+        }
+        return 0;
+      }};
 }
 
 } // namespace orchard::cli

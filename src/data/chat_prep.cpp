@@ -184,11 +184,7 @@ ChatPrepStats prepare_chat(
     } catch (const BadRecord& e) {
       std::string msg = where + ": " + e.message;
       if (!opt.skip_bad)
-        throw UserError(
-            msg +
-                ".\n  Fix the record, or pass --skip-bad to count and skip "
-                "such records.",
-            kExitFailure);
+        throw UserError(msg + ".\n  " + opt.bad_record_hint, kExitFailure);
       ++st.bad;
       if (st.bad_examples.size() < 5)
         st.bad_examples.push_back(msg);

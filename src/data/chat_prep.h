@@ -28,6 +28,9 @@ struct ChatPrepOptions {
   size_t subsample = 0; // 0: all
   uint64_t seed = 0;
   bool skip_bad = false;
+  // What the error for a bad record tells the user to do.
+  std::string bad_record_hint =
+      "Fix the record, or pass --skip-bad to count and skip such records.";
 };
 
 struct ChatPrepStats {

@@ -16,11 +16,10 @@ namespace orchard::data {
 namespace fs = std::filesystem;
 
 text::TokenId bos_id(const text::Tokenizer& tok) {
-  for (const char* name : {"<|bos|>", "<|endoftext|>", "<|begin_of_text|>"})
-    if (auto id = tok.special_id(name))
-      return *id;
+  if (auto id = tok.document_start())
+    return *id;
   throw UserError(
-      "the tokenizer has no <|bos|>, <|endoftext|> or <|begin_of_text|> "
+      "the tokenizer has no <|bos|>, <|endoftext|>, <|begin_of_text|> or <s> "
       "token to separate documents with; train one with `orchard tokenizer "
       "train` (it adds <|bos|>).");
 }

@@ -2,7 +2,7 @@
 //
 // Documents: each .jsonl line {"text": ...} is one, any other file is one
 // whole. Each document starts with the tokenizer's BOS token (<|bos|>, or
-// <|endoftext|> / <|begin_of_text|> for foreign tokenizers). Every
+// <|endoftext|> / <|begin_of_text|> / <s> for foreign tokenizers). Every
 // round(1 / val_fraction)-th document, starting with the first, goes to
 // validation, so the split is deterministic and never empty.
 #pragma once

@@ -107,7 +107,7 @@ std::string ChatModel::reply(
   opt.stop_tokens.insert(opt.stop_tokens.end(), stop_.begin(), stop_.end());
   Utf8Stream utf8;
   std::string reply, piece;
-  bool go_on = true;
+  bool go_on = true, first_text = true;
   engine_.generate(
       prompt,
       opt,
@@ -116,6 +116,13 @@ std::string ChatModel::reply(
           return false;
         piece = text_of({id});
         std::string text = utf8.push(piece);
+        // SentencePiece-style tokens spell a word start as a space: the
+        // reply's first one is not text (transformers' decoder strips it).
+        if (first_text && !text.empty()) {
+          if (tok_->sentencepiece() && text[0] == ' ')
+            text.erase(0, 1);
+          first_text = false;
+        }
         reply += text;
         if (!text.empty() && on_text)
           go_on = on_text(text);

@@ -123,9 +123,7 @@ std::vector<std::pair<std::string, std::string>> sample_validation_documents(
     int64_t prompt_tokens,
     const SamplingOptions& opt) {
   text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
-  auto bos = tok.special_id("<|bos|>");
-  if (!bos)
-    bos = tok.special_id("<|endoftext|>");
+  auto bos = tok.document_start();
   std::vector<std::pair<std::string, std::string>> out;
   if (!bos || val_shards.empty())
     return out;

@@ -445,7 +445,8 @@ torch::Tensor LlamaImpl::layer_forward(
     k = k.repeat_interleave(a.n_head / a.n_kv_head, 1);
     v = v.repeat_interleave(a.n_head / a.n_kv_head, 1);
   }
-  auto y = compat::causal_attention(q, k, v); // (B, H, T, D)
+  auto y = compat::causal_attention(
+      q, k, v, config.sliding_window.value_or(0)); // (B, H, T, D)
   y = y.transpose(1, 2).reshape({B, T, a.n_head * a.head_dim});
   x = x + run(y, {3})[0].view({B, T, -1});
   h = layer->post_attention_layernorm(x);
@@ -462,13 +463,6 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
         "the sequence (" + std::to_string(start + T) +
         " tokens) is longer than this model's context of " +
         std::to_string(context_) + " tokens.");
-  if (config.sliding_window && start + T > *config.sliding_window)
-    throw UserError(
-        "the sequence (" + std::to_string(start + T) +
-        " tokens) is longer than the model's sliding_window (" +
-        std::to_string(*config.sliding_window) +
-        "); Orchard does not implement sliding-window attention, so keep "
-        "sequences within it (max_seq_length).");
   if (cache && cache->k.empty()) {
     cache->k.resize(config.num_hidden_layers);
     cache->v.resize(config.num_hidden_layers);
@@ -529,8 +523,11 @@ torch::Tensor LlamaImpl::loss(
     auto t = tgt.narrow(0, r0, n);
     auto fn = [this, t](const torch::Tensor& x) {
       auto logits = lm_head.is_empty() ? F::linear(x, lm_weight()) : lm_head(x);
+      // float32 at least: half-precision logits lose the loss's digits.
+      if (logits.scalar_type() != torch::kFloat64)
+        logits = logits.to(torch::kFloat32);
       return F::cross_entropy(
-          logits.to(torch::kFloat32),
+          logits,
           t,
           F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
     };
@@ -554,9 +551,12 @@ torch::Tensor LlamaImpl::decode_batch(
   const int64_t B = idx.size(0), Tmax = context_;
   if (cache.k.empty())
     throw std::invalid_argument("[decode_batch] empty cache");
-  auto visible =
-      (torch::arange(Tmax, pos.options()).view({1, Tmax}) <= pos.view({B, 1}))
-          .view({B, 1, 1, Tmax});
+  auto key_pos = torch::arange(Tmax, pos.options()).view({1, Tmax});
+  auto visible = key_pos <= pos.view({B, 1});
+  if (config.sliding_window) // Mistral: only the last sliding_window keys
+    visible = visible.logical_and(
+        key_pos > pos.view({B, 1}) - *config.sliding_window);
+  visible = visible.view({B, 1, 1, Tmax});
   auto x = F::embedding(idx.view({B, 1}), model->embed_tokens->weight);
   const auto [cos_all, sin_all] = rope_tables(x.scalar_type());
   auto c = cos_all.index_select(0, pos).view({B, 1, 1, -1});

@@ -157,9 +157,7 @@ struct Server::Impl {
 
   Impl(infer::ChatModel& c, ServeOptions o) : chat(c), opt(std::move(o)) {
     engine = std::make_unique<infer::BatchEngine>(
-        c.loaded().model,
-        c.loaded().model->device(),
-        opt.max_batch);
+        c.loaded().model, c.loaded().model->device(), opt.max_batch);
     routes();
   }
 
@@ -236,11 +234,15 @@ struct Server::Impl {
   }
 
   // Runs the request through the batch engine. Streams with `emit` per
-  // text piece when given; returns the channel when done.
+  // text piece when given; returns the channel when done. `reply`: a chat
+  // reply, whose first word does not start with the space a
+  // SentencePiece-style token spells it with (a completion continues its
+  // prompt, so it keeps that space).
   std::shared_ptr<Channel> start(
       std::vector<int64_t> prompt,
       infer::SamplingOptions s,
-      std::shared_ptr<infer::BatchRequest>* out_request) {
+      std::shared_ptr<infer::BatchRequest>* out_request,
+      bool reply) {
     if (int64_t(prompt.size()) >= engine->max_seq_len())
       throw BadRequest{
           "the prompt is " + std::to_string(prompt.size()) +
@@ -259,11 +261,18 @@ struct Server::Impl {
     auto utf8 = std::make_shared<infer::Utf8Stream>();
     const auto stops = s.stop_tokens;
     infer::ChatModel* model = &chat;
-    r->on_token = [ch, utf8, stops, model](int64_t id) {
+    auto strip =
+        std::make_shared<bool>(reply && chat.tokenizer().sentencepiece());
+    r->on_token = [ch, utf8, stops, model, strip](int64_t id) {
       if (std::find(stops.begin(), stops.end(), id) != stops.end())
         return true; // ends the request; not part of the text
       ++ch->tokens;
       std::string text = utf8->push(model->text_of({id}));
+      if (*strip && !text.empty()) {
+        if (text[0] == ' ')
+          text.erase(0, 1);
+        *strip = false;
+      }
       if (!text.empty())
         ch->push(std::move(text));
       return true;
@@ -377,7 +386,7 @@ struct Server::Impl {
     auto prompt = chat.prompt_ids(messages);
     const int64_t prompt_tokens = int64_t(prompt.size());
     std::shared_ptr<infer::BatchRequest> request;
-    auto ch = start(std::move(prompt), s, &request);
+    auto ch = start(std::move(prompt), s, &request, /*reply=*/true);
     const std::string id = new_id("chatcmpl");
     const int64_t created = unix_time();
     const std::string model = opt.model_name;
@@ -447,18 +456,17 @@ struct Server::Impl {
     auto s = sampling_of(body, opt, &streaming);
     const auto& tok = chat.tokenizer();
     std::vector<int64_t> prompt;
-    auto bos = tok.special_id("<|bos|>");
-    if (!bos)
-      bos = tok.special_id("<|endoftext|>");
-    if (bos) {
+    if (auto bos = tok.document_start()) {
       prompt.push_back(*bos);
       s.stop_tokens.push_back(*bos);
     }
+    for (auto id : tok.document_ends())
+      s.stop_tokens.push_back(id);
     for (auto id : tok.encode(prompt_text))
       prompt.push_back(id);
     const int64_t prompt_tokens = int64_t(prompt.size());
     std::shared_ptr<infer::BatchRequest> request;
-    auto ch = start(std::move(prompt), s, &request);
+    auto ch = start(std::move(prompt), s, &request, /*reply=*/false);
     const std::string id = new_id("cmpl");
     const int64_t created = unix_time();
     const std::string model = opt.model_name;

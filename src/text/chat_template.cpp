@@ -18,19 +18,46 @@ std::string trim(const std::string& s) {
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
-// Accumulates ids and mask.
+// Accumulates ids and mask. Consecutive text with the same mask is encoded
+// as one string, as transformers encodes the rendered template: for
+// SentencePiece-style tokenizers where a text starts decides its leading
+// "▁", and merges may cross the pieces the template is written in.
 struct Builder {
   const Tokenizer& tok;
   Rendered out;
+  std::string pending;
+  uint8_t pending_mask = 0;
+  bool after_special = false; // what precedes `pending`
+  bool after_text = false;
+
   void text(const std::string& s, uint8_t m) {
-    size_t before = out.ids.size();
-    tok.encode_ordinary(s, out.ids);
-    out.mask.resize(out.ids.size(), m);
-    (void)before;
+    if (!pending.empty() && m != pending_mask)
+      flush();
+    pending += s;
+    pending_mask = m;
   }
   void token(TokenId id, uint8_t m) {
+    flush();
     out.ids.push_back(id);
     out.mask.push_back(m);
+    after_special = true;
+    after_text = false;
+  }
+  void flush() {
+    if (pending.empty())
+      return;
+    TextStart at = after_text ? TextStart::Continued
+        : after_special       ? TextStart::AfterSpecial
+                              : TextStart::Input;
+    tok.encode_ordinary(pending, out.ids, at);
+    out.mask.resize(out.ids.size(), pending_mask);
+    pending.clear();
+    after_text = true;
+    after_special = false;
+  }
+  Rendered done() {
+    flush();
+    return std::move(out);
   }
 };
 
@@ -236,7 +263,7 @@ Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
       break;
     }
   }
-  return std::move(b.out);
+  return b.done();
 }
 
 std::vector<TokenId> ChatTemplate::generation_prompt(
@@ -245,7 +272,7 @@ std::vector<TokenId> ChatTemplate::generation_prompt(
     throw UserError(
         "a reply needs a conversation that ends with a user (or system) "
         "message.");
-  Builder b{tok_, render(messages)};
+  Builder b{tok_, render(messages)}; // each family goes on with a token
   switch (family_) {
     case ChatFamily::Orchard:
       b.token(special("<|assistant_start|>"), 0);
@@ -263,7 +290,7 @@ std::vector<TokenId> ChatTemplate::generation_prompt(
     case ChatFamily::Mistral:
       break; // the prompt ends with [/INST]
   }
-  return b.out.ids;
+  return b.done().ids;
 }
 
 std::vector<TokenId> ChatTemplate::stop_tokens() const {

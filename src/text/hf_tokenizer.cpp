@@ -7,6 +7,8 @@
 
 #include <array>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -83,6 +85,198 @@ std::string unicode_to_bytes(const std::string& text) {
   return out;
 }
 
+namespace {
+
+using Fail = std::function<UserError(const std::string&)>;
+
+// The steps of a normalizer or pre-tokenizer (a Sequence's, or itself).
+std::vector<json> steps_of(const json& j, const char* list) {
+  std::vector<json> steps;
+  if (j.is_object() && j.value("type", "") == "Sequence" && j.contains(list))
+    for (const auto& s : j[list])
+      steps.push_back(s);
+  else if (j.is_object())
+    steps.push_back(j);
+  return steps;
+}
+
+const std::string kMetaspace = "\xE2\x96\x81"; // "▁"
+
+// The SentencePiece form of the file, or nullopt for byte-level BPE: a
+// Metaspace pre-tokenizer, or a normalizer that spells spaces "▁".
+std::optional<SentencePieceStyle> sentencepiece_form(
+    const json& j,
+    const Fail& fail) {
+  using P = SentencePieceStyle::Prepend;
+  bool prepend = false, replace = false;
+  std::vector<std::string> other;
+  for (const auto& n : steps_of(j.value("normalizer", json()), "normalizers")) {
+    std::string t = n.value("type", "");
+    if (t == "Prepend" && n.value("prepend", "") == kMetaspace)
+      prepend = true;
+    else if (
+        t == "Replace" && n.contains("pattern") &&
+        n["pattern"].value("String", "") == " " &&
+        n.value("content", "") == kMetaspace)
+      replace = true;
+    else
+      other.push_back(t);
+  }
+  std::optional<json> meta;
+  for (const auto& p :
+       steps_of(j.value("pre_tokenizer", json()), "pretokenizers"))
+    if (p.value("type", "") == "Metaspace")
+      meta = p;
+  if (!meta && !replace)
+    return std::nullopt;
+  if (!other.empty())
+    throw fail(
+        "the normalizer step '" + other[0] +
+        "' is not supported; Orchard reads SentencePiece-style files whose "
+        "normalizer is none, or Prepend(\"▁\") and Replace(\" \", \"▁\") "
+        "(Llama 2, Mistral).");
+  SentencePieceStyle sp;
+  if (meta) {
+    if (meta->value("replacement", kMetaspace) != kMetaspace)
+      throw fail("a Metaspace replacement other than \"▁\" is not supported.");
+    std::string scheme = meta->contains("prepend_scheme")
+        ? meta->value("prepend_scheme", "always")
+        : (meta->value("add_prefix_space", true) ? "always" : "never");
+    if (prepend)
+      scheme = "legacy"; // the normalizer already adds it
+    if (scheme == "first")
+      sp.prepend = P::First;
+    else if (scheme == "always")
+      sp.prepend = P::Always;
+    else if (scheme == "never")
+      sp.prepend = P::Never;
+    else if (scheme == "legacy")
+      sp.prepend = P::Legacy;
+    else
+      throw fail(
+          "Metaspace prepend_scheme '" + scheme +
+          "' is unknown (first, always or never).");
+    sp.split_words = meta->value("split", true);
+  } else {
+    sp.prepend = prepend ? P::Legacy : P::Never;
+  }
+  return sp;
+}
+
+std::string replace_metaspace(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, kMetaspace.size(), kMetaspace) == 0) {
+      out += ' ';
+      i += kMetaspace.size();
+    } else {
+      out += text[i++];
+    }
+  }
+  return out;
+}
+
+// "<0x0A>" -> 10; -1 for anything else.
+int byte_token(const std::string& text) {
+  if (text.size() != 6 || text.compare(0, 3, "<0x") != 0 || text[5] != '>')
+    return -1;
+  int v = 0;
+  for (char c : text.substr(3, 2)) {
+    v *= 16;
+    if (c >= '0' && c <= '9')
+      v += c - '0';
+    else if (c >= 'A' && c <= 'F')
+      v += c - 'A' + 10;
+    else
+      return -1;
+  }
+  return v;
+}
+
+// A merge as its two token strings: "a b" or ["a", "b"].
+std::pair<std::string, std::string> merge_parts(
+    const json& m,
+    const Fail& fail) {
+  if (m.is_string()) {
+    std::string s = m.get<std::string>();
+    auto sp = s.find(' ');
+    if (sp == std::string::npos)
+      throw fail("merge '" + s + "' is not two tokens separated by a space.");
+    return {s.substr(0, sp), s.substr(sp + 1)};
+  }
+  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+    return {m[0].get<std::string>(), m[1].get<std::string>()};
+  throw fail("a merge is neither \"a b\" nor [\"a\", \"b\"].");
+}
+
+// Special tokens: added_tokens, less ordinary tokens listed again (unless
+// marked special: tokenizers' BpeTrainer puts its special tokens in the
+// vocabulary too).
+std::map<std::string, TokenId> special_tokens(
+    const json& j,
+    const std::function<bool(const std::string&, TokenId)>& ordinary) {
+  std::map<std::string, TokenId> special;
+  for (const auto& a : j.value("added_tokens", json::array())) {
+    std::string content = a.value("content", "");
+    TokenId id = a.value("id", 0u);
+    if (ordinary(content, id) && !a.value("special", false))
+      continue;
+    special[content] = id;
+  }
+  return special;
+}
+
+Tokenizer load_sentencepiece(
+    const json& j,
+    SentencePieceStyle sp,
+    const Fail& fail) {
+  const json& model = j["model"];
+  std::unordered_map<std::string, TokenId> ids; // as the file spells them
+  std::array<TokenId, 256> bytes{};
+  int byte_count = 0;
+  const bool fallback = model.value("byte_fallback", false);
+  for (const auto& [text, id] : model["vocab"].items()) {
+    if (!id.is_number_unsigned())
+      throw fail("vocab entry '" + text + "' has no id.");
+    ids[text] = id.get<TokenId>();
+    int b = fallback ? byte_token(text) : -1;
+    if (b >= 0) {
+      bytes[size_t(b)] = id.get<TokenId>();
+      ++byte_count;
+    } else {
+      sp.vocab.push_back({replace_metaspace(text), id.get<TokenId>()});
+    }
+  }
+  if (fallback && byte_count != 256)
+    throw fail(
+        "byte_fallback is on but the vocabulary has " +
+        std::to_string(byte_count) +
+        " of the 256 <0xXX> byte tokens; the file is incomplete.");
+  if (fallback)
+    sp.byte_tokens = bytes;
+  for (const auto& m : model.value("merges", json::array())) {
+    auto [a, b] = merge_parts(m, fail);
+    auto l = ids.find(a), r = ids.find(b), merged = ids.find(a + b);
+    if (l == ids.end() || r == ids.end() || merged == ids.end())
+      throw fail(
+          "merge '" + a + " " + b + "' uses or makes a token the vocab lacks.");
+    sp.merges.push_back({l->second, r->second, merged->second});
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = ids.find(model["unk_token"].get<std::string>());
+    if (it != ids.end())
+      sp.unk = it->second;
+  }
+  sp.fuse_unk = model.value("fuse_unk", false);
+  auto special = special_tokens(j, [&](const std::string& text, TokenId id) {
+    auto it = ids.find(text);
+    return it != ids.end() && it->second == id;
+  });
+  return Tokenizer(std::move(special), std::move(sp), "huggingface");
+}
+
+} // namespace
+
 Tokenizer load_hf_tokenizer(const std::string& path) {
   json j;
   {
@@ -95,7 +289,7 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
       throw UserError("'" + path + "' is not valid JSON: " + e.what());
     }
   }
-  auto fail = [&](const std::string& what) -> UserError {
+  Fail fail = [&](const std::string& what) -> UserError {
     return UserError("'" + path + "': " + what);
   };
   if (!j.contains("model") || !j["model"].is_object())
@@ -105,23 +299,23 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
   if (type != "BPE")
     throw fail(
         "model type '" + type +
-        "' is not supported; Orchard reads byte-level BPE tokenizers (GPT-2, "
-        "Llama 3, Qwen2). SentencePiece-style files (Llama 2, Mistral v0.1) "
-        "are not byte-level.");
+        "' is not supported; Orchard reads BPE tokenizers: byte-level (GPT-2, "
+        "Llama 3, Qwen2) and SentencePiece-style (Llama 2, Mistral). Unigram "
+        "and WordPiece files are not BPE.");
   if (!model.contains("vocab") || !model["vocab"].is_object())
     throw fail("model.vocab is missing");
+  try {
+    if (auto sp = sentencepiece_form(j, fail))
+      return load_sentencepiece(j, std::move(*sp), fail);
+  } catch (const json::exception& e) {
+    throw fail(std::string("unexpected structure: ") + e.what());
+  }
 
   // Pattern: ByteLevel(use_regex) means GPT-2's; a Split's Regex otherwise.
   std::string pattern;
-  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
-  std::vector<json> steps;
-  if (pre.is_object() && pre.value("type", "") == "Sequence")
-    for (const auto& s : pre["pretokenizers"])
-      steps.push_back(s);
-  else if (pre.is_object())
-    steps.push_back(pre);
   bool byte_level = false;
-  for (const auto& s : steps) {
+  for (const auto& s :
+       steps_of(j.value("pre_tokenizer", json()), "pretokenizers")) {
     std::string t = s.value("type", "");
     if (t == "Split" && s.contains("pattern") && s["pattern"].contains("Regex"))
       pattern = s["pattern"]["Regex"].get<std::string>();
@@ -133,8 +327,8 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
   }
   if (!byte_level)
     throw fail(
-        "the pre-tokenizer is not ByteLevel, so this is not a byte-level BPE "
-        "tokenizer Orchard can read.");
+        "the pre-tokenizer is neither ByteLevel (byte-level BPE) nor Metaspace "
+        "(SentencePiece-style BPE), the two kinds Orchard reads.");
   if (pattern.empty())
     pattern = kGpt2Pattern;
 
@@ -151,20 +345,7 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
   }
   uint32_t rank = 0;
   for (const auto& m : model.value("merges", json::array())) {
-    std::string a, b;
-    if (m.is_string()) {
-      std::string s = m.get<std::string>();
-      auto sp = s.find(' ');
-      if (sp == std::string::npos)
-        throw fail("merge '" + s + "' is not two tokens separated by a space.");
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    } else {
-      throw fail("a merge is neither \"a b\" nor [\"a\", \"b\"].");
-    }
+    auto [a, b] = merge_parts(m, fail);
     std::string merged = unicode_to_bytes(a) + unicode_to_bytes(b);
     auto it = index.find(merged);
     if (it == index.end())
@@ -173,23 +354,19 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
     t.rank = std::min(t.rank, rank);
     ++rank;
   }
-  std::map<std::string, TokenId> special;
-  for (const auto& a : j.value("added_tokens", json::array())) {
-    std::string content = a.value("content", "");
-    TokenId id = a.value("id", 0u);
-    auto it = index.find(content);
-    // An ordinary token listed again, unless marked special (tokenizers'
-    // BpeTrainer puts its special tokens in the vocabulary too).
-    if (it != index.end() && tokens[it->second].id == id &&
-        !a.value("special", false))
-      continue;
-    special[content] = id;
-  }
+  auto special = special_tokens(j, [&](const std::string& text, TokenId id) {
+    auto it = index.find(text);
+    return it != index.end() && tokens[it->second].id == id;
+  });
   return Tokenizer(
       std::move(tokens), std::move(special), pattern, "huggingface");
 }
 
 void save_hf_tokenizer(const Tokenizer& tok, const std::string& path) {
+  if (tok.sentencepiece())
+    throw UserError(
+        "writing a SentencePiece-style tokenizer.json is not supported; copy "
+        "the model's own file instead.");
   json vocab = json::object();
   std::vector<std::pair<uint32_t, std::string>> merges;
   for (const auto& e : tok.entries()) {

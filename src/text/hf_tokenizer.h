@@ -1,5 +1,6 @@
 // Hugging Face tokenizer.json for byte-level BPE (GPT-2, Llama 3, Qwen2,
-// and Orchard's own trained tokenizers).
+// and Orchard's own trained tokenizers) and SentencePiece-style BPE (Llama 2,
+// Mistral; text/sentencepiece_bpe.h says how that form is recognised).
 //
 // Format facts (huggingface/tokenizers, "tokenizer.json"): model.type "BPE"
 // with `vocab` {token string: id} and `merges` (["a b", ...] or [["a","b"],
@@ -17,7 +18,7 @@ namespace orchard::text {
 
 Tokenizer load_hf_tokenizer(const std::string& path);
 
-// Writes `tok` as tokenizer.json (atomically). Merges come from
+// Writes `tok` as tokenizer.json (atomically); byte-level only. Merges come from
 // Tokenizer::merge_pair, so a tokenizer read from a tiktoken rank file can
 // be written too.
 void save_hf_tokenizer(const Tokenizer& tok, const std::string& path);

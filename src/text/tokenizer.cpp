@@ -51,10 +51,15 @@ struct Tokenizer::Impl {
   std::vector<bool> known;        // id is assigned
   std::map<std::string, TokenId> special;
   std::optional<Pretokenizer> special_all; // matches any special token
-  Pretokenizer pre;
+  std::optional<Pretokenizer> pre;         // byte-level BPE
+  std::optional<SentencePieceBpe> sp;      // SentencePiece-style BPE
   std::string format;
 
-  Impl(const std::string& pattern) : pre(pattern) {}
+  // Both constructors: ids, bytes, special tokens.
+  void add_tokens(
+      std::vector<TokenEntry> tokens,
+      std::map<std::string, TokenId> special,
+      const std::vector<std::pair<TokenId, std::string>>& unindexed = {});
 
   uint32_t rank_of(std::string_view bytes, uint32_t below = kNoRank) const {
     auto it = by_bytes.find(bytes);
@@ -140,33 +145,41 @@ static std::string escape_regex(const std::string& s) {
   return out;
 }
 
-Tokenizer::Tokenizer(
+void Tokenizer::Impl::add_tokens(
     std::vector<TokenEntry> tokens,
-    std::map<std::string, TokenId> special,
-    const std::string& pattern,
-    std::string format)
-    : impl_(std::make_unique<Impl>(pattern)) {
-  Impl& m = *impl_;
-  m.format = std::move(format);
+    std::map<std::string, TokenId> special_tokens,
+    const std::vector<std::pair<TokenId, std::string>>& unindexed) {
+  Impl& m = *this;
   TokenId max_id = 0;
   for (const auto& t : tokens)
     max_id = std::max(max_id, t.id);
-  for (const auto& [text, id] : special)
+  for (const auto& [id, bytes] : unindexed)
+    max_id = std::max(max_id, id);
+  for (const auto& [text, id] : special_tokens)
     max_id = std::max(max_id, id);
   m.by_id.resize(size_t(max_id) + 1);
   m.known.assign(size_t(max_id) + 1, false);
   m.by_bytes.reserve(tokens.size() * 2);
-  for (auto& t : tokens) {
-    if (m.known[t.id])
+  auto claim = [&](TokenId id) {
+    if (m.known[id])
       throw UserError(
-          "the tokenizer assigns id " + std::to_string(t.id) +
+          "the tokenizer assigns id " + std::to_string(id) +
           " to two tokens; the vocabulary file is inconsistent.");
-    m.known[t.id] = true;
+    m.known[id] = true;
+  };
+  for (auto& t : tokens) {
+    claim(t.id);
     m.by_id[t.id] = t.bytes;
     m.by_bytes.emplace(std::move(t.bytes), IdRank{t.id, t.rank});
   }
+  // Decoded, never looked up by their bytes (SentencePiece's byte tokens,
+  // whose bytes other tokens spell too).
+  for (const auto& [id, bytes] : unindexed) {
+    claim(id);
+    m.by_id[id] = bytes;
+  }
   std::string alternation;
-  for (const auto& [text, id] : special) {
+  for (const auto& [text, id] : special_tokens) {
     if (m.known[id] && m.by_id[id] != text)
       throw UserError(
           "special token '" + text + "' reuses id " + std::to_string(id) +
@@ -175,9 +188,38 @@ Tokenizer::Tokenizer(
     m.by_id[id] = text;
     alternation += (alternation.empty() ? "" : "|") + escape_regex(text);
   }
-  m.special = std::move(special);
+  m.special = std::move(special_tokens);
   if (!alternation.empty())
     m.special_all.emplace(alternation);
+}
+
+Tokenizer::Tokenizer(
+    std::vector<TokenEntry> tokens,
+    std::map<std::string, TokenId> special,
+    const std::string& pattern,
+    std::string format)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->pre.emplace(pattern);
+  impl_->format = std::move(format);
+  impl_->add_tokens(std::move(tokens), std::move(special));
+}
+
+Tokenizer::Tokenizer(
+    std::map<std::string, TokenId> special,
+    SentencePieceStyle sp,
+    std::string format)
+    : impl_(std::make_unique<Impl>()) {
+  std::vector<TokenEntry> tokens;
+  tokens.reserve(sp.vocab.size());
+  for (const auto& [text, id] : sp.vocab)
+    tokens.push_back({text, id, kNoRank});
+  std::vector<std::pair<TokenId, std::string>> bytes;
+  if (sp.byte_tokens)
+    for (int b = 0; b < 256; ++b)
+      bytes.push_back({(*sp.byte_tokens)[size_t(b)], std::string(1, char(b))});
+  impl_->format = std::move(format);
+  impl_->add_tokens(std::move(tokens), std::move(special), bytes);
+  impl_->sp.emplace(sp);
 }
 
 Tokenizer::~Tokenizer() = default;
@@ -186,10 +228,15 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 void Tokenizer::encode_ordinary(
     std::string_view text,
-    std::vector<TokenId>& out) const {
+    std::vector<TokenId>& out,
+    TextStart at) const {
+  if (impl_->sp) {
+    impl_->sp->encode(text, at, out);
+    return;
+  }
   std::vector<std::string_view> pieces;
   pieces.reserve(text.size() / 4 + 1);
-  impl_->pre.split(text, pieces);
+  impl_->pre->split(text, pieces);
   for (auto piece : pieces)
     impl_->merge_piece(piece, out);
 }
@@ -217,13 +264,19 @@ std::vector<TokenId> Tokenizer::encode(
     bool is_allowed = it != impl_->special.end() &&
         (allowed.all || allowed.names.count(it->first));
     if (is_allowed) {
-      encode_ordinary(text.substr(ordinary_start, pos - ordinary_start), out);
+      encode_ordinary(
+          text.substr(ordinary_start, pos - ordinary_start),
+          out,
+          ordinary_start == 0 ? TextStart::Input : TextStart::AfterSpecial);
       out.push_back(it->second);
       ordinary_start = pos + piece.size();
     }
     pos += piece.size();
   }
-  encode_ordinary(text.substr(ordinary_start), out);
+  encode_ordinary(
+      text.substr(ordinary_start),
+      out,
+      ordinary_start == 0 ? TextStart::Input : TextStart::AfterSpecial);
   return out;
 }
 
@@ -255,6 +308,22 @@ std::optional<TokenId> Tokenizer::special_id(const std::string& text) const {
   return it->second;
 }
 
+std::optional<TokenId> Tokenizer::document_start() const {
+  for (const char* name :
+       {"<|bos|>", "<|endoftext|>", "<|begin_of_text|>", "<s>"})
+    if (auto id = special_id(name))
+      return id;
+  return std::nullopt;
+}
+
+std::vector<TokenId> Tokenizer::document_ends() const {
+  std::vector<TokenId> out;
+  for (const char* name : {"</s>", "<|end_of_text|>"})
+    if (auto id = special_id(name))
+      out.push_back(*id);
+  return out;
+}
+
 bool Tokenizer::token_bytes(TokenId id, std::string& out) const {
   if (id >= impl_->by_id.size() || !impl_->known[id])
     return false;
@@ -263,7 +332,12 @@ bool Tokenizer::token_bytes(TokenId id, std::string& out) const {
 }
 
 const std::string& Tokenizer::pattern() const {
-  return impl_->pre.pattern();
+  static const std::string none;
+  return impl_->pre ? impl_->pre->pattern() : none;
+}
+
+bool Tokenizer::sentencepiece() const {
+  return impl_->sp.has_value();
 }
 
 const std::string& Tokenizer::format() const {

@@ -1,4 +1,6 @@
-// Byte-level BPE tokenizer: encode, decode, special tokens.
+// Byte-level BPE tokenizer: encode, decode, special tokens. The same class
+// also carries SentencePiece-style BPE (text/sentencepiece_bpe.h: Llama 2,
+// Mistral), which encodes differently but decodes the same way.
 //
 // Tokens are byte strings. Encoding splits text with the pre-tokenizer, then
 // merges each piece's bytes pairwise, always merging the adjacent pair whose
@@ -13,6 +15,7 @@
 #pragma once
 
 #include "text/pretokenizer.h"
+#include "text/sentencepiece_bpe.h"
 
 #include <cstdint>
 #include <map>
@@ -55,6 +58,11 @@ class Tokenizer {
       std::map<std::string, TokenId> special,
       const std::string& pattern,
       std::string format);
+  // SentencePiece-style: the tokens are `sp.vocab` and the byte tokens.
+  Tokenizer(
+      std::map<std::string, TokenId> special,
+      SentencePieceStyle sp,
+      std::string format);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -63,7 +71,12 @@ class Tokenizer {
       std::string_view text,
       const Allowed& allowed = Allowed::none()) const;
   // Appends to `out`; the fast path the benchmarks and data prep use.
-  void encode_ordinary(std::string_view text, std::vector<TokenId>& out) const;
+  // `at`: where the text sits in the whole input (SentencePiece-style
+  // tokenizers mark a start with a space; byte-level ones ignore it).
+  void encode_ordinary(
+      std::string_view text,
+      std::vector<TokenId>& out,
+      TextStart at = TextStart::Input) const;
   // Exact bytes; throws UserError for an id outside the vocabulary.
   std::string decode(const std::vector<TokenId>& ids) const;
 
@@ -71,9 +84,19 @@ class Tokenizer {
   size_t vocab_size() const;
   const std::map<std::string, TokenId>& special_tokens() const;
   std::optional<TokenId> special_id(const std::string& text) const;
+  // The special token a document starts with: <|bos|> (Orchard),
+  // <|endoftext|> (GPT-2, Qwen2), <|begin_of_text|> (Llama 3) or <s>
+  // (Llama 2, Mistral); nullopt when there is none.
+  std::optional<TokenId> document_start() const;
+  // Special tokens that end a document: </s>, <|end_of_text|>.
+  std::vector<TokenId> document_ends() const;
   // The bytes of one id ("" and false when unknown).
   bool token_bytes(TokenId id, std::string& out) const;
+  // The pre-tokenizer's regex ("" for SentencePiece-style tokenizers).
   const std::string& pattern() const;
+  // SentencePiece-style: decoded text starts each word with a space, the
+  // first one of a text too.
+  bool sentencepiece() const;
   // "tiktoken", "huggingface" or "orchard": where it was read from.
   const std::string& format() const;
   // Every non-special token, in id order.

@@ -491,12 +491,6 @@ FinetuneResult run_finetune(
         "stage=full trains every weight and needs them in full precision. "
         "Use stage=lora, or drop load_in_4bit.");
   const int64_t T = cfg.max_seq_length;
-  if (mc.sliding_window && T > *mc.sliding_window)
-    throw UserError(
-        "max_seq_length=" + std::to_string(T) +
-        " is longer than the model's "
-        "sliding_window (" +
-        std::to_string(*mc.sliding_window) + "); lower max_seq_length.");
   if (T > mc.max_position_embeddings)
     throw UserError(
         "max_seq_length=" + std::to_string(T) +

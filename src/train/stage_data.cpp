@@ -101,6 +101,9 @@ ChatData prepare_chat_data(
     data::ChatPrepOptions o;
     o.out = tmp;
     o.max_length = max_length;
+    o.bad_record_hint =
+        "Fix or remove the record: training reads every record and skips "
+        "none.";
     if (wordnet) {
       o.inputs = {inputs[0]};
       o.name = "train";

@@ -181,6 +181,67 @@ TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   EXPECT_NE(r.out.find("+ adapter"), std::string::npos) << r.out;
 }
 
+// Mistral with a SentencePiece-style tokenizer.json and sliding_window 8
+// (tests/fixtures/hf/mistral_sp): conversations of about 30 tokens run past
+// the window in training, and generation past it goes through the cache.
+TEST(Finetune, MistralWithASentencePieceTokenizerLearnsPastItsWindow) {
+  TempDir tmp;
+  const std::string data = write_chats(tmp);
+  const std::string model = std::string(ORCHARD_FIXTURES) + "/hf/mistral_sp";
+  const std::map<std::string, std::string> env = {
+      {"ORCHARD_HOME", tmp.file("home")}};
+  auto args = lora_args(data, 16);
+  args[2] = "model=" + model;
+  for (auto& a : args)
+    if (a.rfind("learning_rate=", 0) == 0)
+      a = "learning_rate=2e-2";
+  auto r = run_orchard(args, env, tmp.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<double> loss;
+  std::ifstream metrics(tmp.file("runs/lora/mistral_sp/metrics.jsonl"));
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss"))
+      loss.push_back(j["loss"].get<double>());
+  }
+  ASSERT_EQ(loss.size(), 16u);
+  // A 64-wide random model learns slowly: about 0.6 nats in 16 steps.
+  EXPECT_LT((loss[13] + loss[14] + loss[15]) / 3, loss[0] - 0.4)
+      << "first " << loss[0] << ", last " << loss[15];
+  const std::string adapter = tmp.file("runs/lora/mistral_sp/adapter");
+  r = run_orchard(
+      {"generate",
+       "--model",
+       model,
+       "--adapter",
+       adapter,
+       "--prompt",
+       "what is a river",
+       "--temperature",
+       "0",
+       "--max-new-tokens",
+       "16",
+       "--device",
+       "cpu"},
+      env);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("what is a river"), std::string::npos) << r.out;
+  r = run_orchard(
+      {"chat",
+       "--model",
+       model,
+       "--adapter",
+       adapter,
+       "-p",
+       "what is a fox?",
+       "--max-new-tokens",
+       "12",
+       "--device",
+       "cpu"},
+      env);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
 TEST(Finetune, LoraOnAFourBitBaseTrainsAndWritesAnAdapter) {
   TempDir tmp;
   const std::string data = write_chats(tmp);
@@ -362,6 +423,16 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
        "max_seq_length=64"},
       "bad.jsonl:1",
       /*code=*/1); // a data error, as orchard data chat
+  // ... whose advice is one `orchard train` can follow (it has no
+  // --skip-bad).
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + kLlama,
+       "data=" + tmp.file("bad.jsonl"),
+       "max_seq_length=64"},
+      "Fix or remove the record",
+      1);
   expect_error({"plan", "stage=lora"}, "plans for model=DIR");
   expect_error(
       {"train",

@@ -12,6 +12,15 @@ with transformers and peft (run on the CUDA machine, not in CI):
       reference.safetensors with the adapted logits, the loss, the LoRA
       gradients and the logits of the merged model.
 
+  make_hf_fixtures.py --mistral-sp OUT_DIR
+      writes OUT_DIR/mistral_sp/ : a tiny MistralForCausalLM with
+      sliding_window 8 (the references use 24 tokens, so the window cuts
+      in) and a SentencePiece-style tokenizer.json as Llama 2 and Mistral
+      v0.1 ship it ("▁" for spaces, <0xXX> byte fallback, the legacy
+      Prepend/Replace normalizer) with a Mistral chat template; its
+      reference.safetensors is as above and chat_reference.json holds a
+      conversation and transformers' apply_chat_template ids.
+
   make_hf_fixtures.py --verify-adapter MODEL ADAPTER LOGITS
       loads ADAPTER (written by Orchard) onto MODEL with peft and checks the
       logits against LOGITS (Orchard's, a safetensors with input_ids and
@@ -70,6 +79,112 @@ def make_tokenizer(out_dir, specials, template, bos, eos):
     )
     fast.save_pretrained(out_dir)
     return fast, tok.get_vocab_size()
+
+
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% set ns.system = ns.system + message['content'] + '\\n\\n' %}"
+    "{% elif message['role'] == 'user' %}"
+    "{{ '[INST] ' + ns.system + message['content'] + ' [/INST]' }}"
+    "{% set ns.system = '' %}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def chat_ids(fast, conv):
+    ids = fast.apply_chat_template(conv, tokenize=True)
+    # transformers 5 returns a BatchEncoding, 4.x a list
+    return ids if isinstance(ids, list) else ids["input_ids"]
+
+
+def make_sp_tokenizer(out_dir):
+    """A small tokenizer.json in Llama 2's SentencePiece style: <unk> <s> </s>,
+    the 256 <0xXX> byte tokens, then merges learnt on words that start with
+    "▁"; the legacy normalizer and no pre-tokenizer, as Llama 2's file."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    meta = "\u2581"
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend(meta), normalizers.Replace(" ", meta)])
+    # Words for learning only: merges never cross a word start.
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=meta, prepend_scheme="never", split=True)
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  show_progress=False)
+    tok.train_from_iterator([TEXT], trainer)
+    j = json.loads(tok.to_str())
+    # As in Llama 2's file: the byte tokens live only in the vocabulary.
+    j["added_tokens"] = [a for a in j["added_tokens"] if not a["content"].startswith("<0x")]
+    j["pre_tokenizer"] = None
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": meta}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    j["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "<s>", "type_id": 1}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    tok = Tokenizer.from_str(json.dumps(j))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        chat_template=MISTRAL_TEMPLATE)
+    fast.save_pretrained(out_dir)
+    return fast, tok.get_vocab_size()
+
+
+def make_mistral_sp(out):
+    d = os.path.join(out, "mistral_sp")
+    os.makedirs(d, exist_ok=True)
+    fast, vocab = make_sp_tokenizer(d)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(4)
+    cfg = MistralConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=256, torch_dtype="float32", rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False, sliding_window=8,
+        bos_token_id=1, eos_token_id=2)
+    model = MistralForCausalLM(cfg)
+    randomize(model, 4)
+    model.eval()
+    model.save_pretrained(d, safe_serialization=True)
+    ids = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(4))
+    grads = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.1.mlp.down_proj.weight", "model.norm.weight", "lm_head.weight"]
+    ref = references(model, ids, grads)
+    ref["logits_bf16"] = bf16_logits(model, ids)
+    # A window that does not cut in gives different logits: the fixture
+    # really tests the window.
+    full = MistralForCausalLM(MistralConfig(**{**cfg.to_dict(), "sliding_window": None}))
+    full.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        gap = (full.eval()(ids).logits - ref["logits_fp32"]).abs().max().item()
+    assert gap > 1e-3, gap
+    conv = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "what is a river? (asked in Z\u00fcrich)"},
+            {"role": "assistant", "content": "a large natural stream of water."},
+            {"role": "user", "content": "and a mountain?"},
+            {"role": "assistant", "content": "a land mass  well above its surroundings."}]
+    text_ids = chat_ids(fast, conv)
+    ref["chat_ids"] = torch.tensor(text_ids, dtype=torch.int64)
+    prompt_ids = chat_ids(fast, conv[:2])
+    text = "the answer is yes. Zebra \u00e9t\u00e9 \U0001F600"
+    with open(os.path.join(d, "chat_reference.json"), "w") as f:
+        json.dump({"messages": conv, "ids": text_ids, "prompt_ids": prompt_ids,
+                   "text": text, "text_ids": fast(text)["input_ids"]}, f)
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    print("mistral_sp vocab", vocab, "loss", float(ref["loss"]), "window gap", gap)
 
 
 def references(model, ids, grad_names):
@@ -171,9 +286,7 @@ def make(out):
             conv = [{"role": "system", "content": "be brief"},
                     {"role": "user", "content": "what is a river?"},
                     {"role": "assistant", "content": "a large natural stream of water."}]
-            text_ids = fast.apply_chat_template(conv, tokenize=True)
-            if not isinstance(text_ids, list):
-                text_ids = text_ids["input_ids"]
+            text_ids = chat_ids(fast, conv)
             ref["chat_ids"] = torch.tensor(text_ids, dtype=torch.int64)
             with open(os.path.join(d, "chat_reference.json"), "w") as f:
                 json.dump({"messages": conv, "ids": text_ids}, f)
@@ -241,6 +354,8 @@ def main():
         m = AutoModelForCausalLM.from_pretrained(sys.argv[2], torch_dtype=torch.float32).eval()
         with torch.no_grad():
             verify(lambda ids: m(ids).logits, sys.argv[3], "transformers loads Orchard's merge")
+    elif len(sys.argv) == 3 and sys.argv[1] == "--mistral-sp":
+        make_mistral_sp(sys.argv[2])
     elif len(sys.argv) == 2:
         make(sys.argv[1])
     else:

@@ -115,6 +115,24 @@ TEST_P(HfArch, LossAndGradientsEqualTransformers) {
   EXPECT_GE(checked, 5);
 }
 
+// A float64 model's loss is float64 all the way (the tests that compare
+// gradients in float64 rely on it).
+TEST_P(HfArch, Float64LossIsComputedInFloat64) {
+  auto model = load(GetParam(), torch::kFloat64);
+  model->train();
+  auto ids = reference(kHf + "/" + GetParam())["input_ids"];
+  auto targets = next_tokens(ids);
+  auto loss = model->loss(ids, targets);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat64);
+  torch::NoGradGuard no_grad;
+  auto logits = model->forward(ids);
+  auto want = F::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}),
+      targets.reshape({-1}),
+      F::CrossEntropyFuncOptions().ignore_index(-1));
+  EXPECT_LT(std::abs(loss.item<double>() - want.item<double>()), 1e-12);
+}
+
 TEST_P(HfArch, CheckpointingGivesTheSameGradients) {
   auto ref = reference(kHf + "/" + GetParam());
   auto ids = ref["input_ids"];
@@ -194,7 +212,7 @@ TEST_P(HfArch, CachedAndBatchedDecodingEqualTheFullForward) {
 INSTANTIATE_TEST_SUITE_P(
     Transformers,
     HfArch,
-    ::testing::Values("llama", "qwen2", "mistral"));
+    ::testing::Values("llama", "qwen2", "mistral", "mistral_sp"));
 
 TEST(HfModel, ConfigFacts) {
   auto llama = models::read_hf_config(kHf + "/llama");
@@ -214,8 +232,12 @@ TEST(HfModel, ConfigFacts) {
   EXPECT_NEAR(inv[7].item<double>(), lowest / 8.0, 1e-12);
 }
 
-TEST(HfModel, LlamaAndQwenChatTemplatesEqualTransformers) {
-  for (const std::string arch : {"llama", "qwen2"}) {
+// mistral_sp has a SentencePiece-style tokenizer.json (byte fallback, the
+// legacy "▁" normalizer) and a Mistral [INST] template: the conversation is
+// encoded in pieces, and each must start with "▁" exactly where
+// transformers' encoding of the whole rendered text has one.
+TEST(HfModel, ChatTemplatesEqualTransformers) {
+  for (const std::string arch : {"llama", "qwen2", "mistral_sp"}) {
     SCOPED_TRACE(arch);
     const std::string dir = kHf + "/" + arch;
     auto tok = text::load_tokenizer(dir);
@@ -229,6 +251,18 @@ TEST(HfModel, LlamaAndQwenChatTemplatesEqualTransformers) {
     auto r = tmpl.render(messages);
     std::vector<int64_t> got(r.ids.begin(), r.ids.end());
     EXPECT_EQ(got, j["ids"].get<std::vector<int64_t>>()) << arch;
+    if (!j.contains("prompt_ids"))
+      continue;
+    messages.resize(2);
+    auto prompt = tmpl.generation_prompt(messages);
+    EXPECT_EQ(
+        std::vector<int64_t>(prompt.begin(), prompt.end()),
+        j["prompt_ids"].get<std::vector<int64_t>>());
+    // A plain text as transformers encodes it: <s>, then the text with its
+    // leading "▁" (uppercase letters and "é" are byte tokens here).
+    std::vector<text::TokenId> ids{*tok.document_start()};
+    tok.encode_ordinary(j["text"].get<std::string>(), ids);
+    EXPECT_EQ(ids, j["text_ids"].get<std::vector<text::TokenId>>());
   }
 }
 
