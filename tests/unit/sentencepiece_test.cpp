@@ -76,6 +76,27 @@ TEST_P(Mistral, EncodesExactlyAsTokenizers) {
   }
 }
 
+// Random texts (seeded, in the reference): slices of Orchard's sources and
+// mixes of whitespace, "▁", CJK, emoji, special-token text and characters
+// the vocabulary lacks. `tokenizers` always splits out special tokens, so
+// every special token is allowed here.
+TEST_P(Mistral, RandomTextsEncodeExactlyAsTokenizers) {
+  test::TempDir dir;
+  Tokenizer tok = variant(GetParam(), dir);
+  const auto& texts = reference()["random_texts"];
+  const auto& ids = reference()["variants"][GetParam()]["random_ids"];
+  ASSERT_EQ(texts.size(), 80u);
+  ASSERT_EQ(ids.size(), texts.size());
+  int same = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    auto want = ids[i].get<std::vector<TokenId>>();
+    auto got = tok.encode(texts[i].get<std::string>(), Allowed::every());
+    EXPECT_EQ(got, want) << GetParam() << ": " << texts[i].dump();
+    same += got == want;
+  }
+  EXPECT_EQ(same, int(texts.size()));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Forms,
     Mistral,
