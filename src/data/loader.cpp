@@ -215,12 +215,35 @@ bool ChatBatcher::fill_row(int64_t row, ChatBatch& b, uint64_t& cursor) {
   return true;
 }
 
+LoaderState ChatBatcher::state() const {
+  LoaderState s = state_;
+  s.cursor = step_cursor_.empty() ? 0 : step_cursor_.back();
+  return s;
+}
+
+void ChatBatcher::set_batch_size(int64_t b) {
+  if (b < 1)
+    throw std::invalid_argument("[ChatBatcher] batch size below 1");
+  B_ = b;
+}
+
 void ChatBatcher::restore(const LoaderState& s) {
-  // Replays the cursor from the start of the epoch (packing makes the
-  // position depend on every row before it).
   state_ = {s.epoch, 0};
   order_epoch_ = UINT64_MAX;
   ensure_order();
+  if (s.cursor) {
+    if (*s.cursor > order_.size())
+      throw UserError(
+          "the saved data position (epoch " + std::to_string(s.epoch) +
+          ", conversation " + std::to_string(*s.cursor) +
+          ") is past the end of this data (" + std::to_string(order_.size()) +
+          " conversations): the data changed since the checkpoint.");
+    state_.step = s.step;
+    step_cursor_ = {*s.cursor};
+    return;
+  }
+  // An older checkpoint without the cursor: replay it from the start of the
+  // epoch (packing makes the position depend on every row before it).
   while (state_.step < s.step) {
     ChatBatch scratch = {
         torch::empty({B_, T_}, torch::kInt64),

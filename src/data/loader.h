@@ -12,8 +12,9 @@
 // otherwise each row is one conversation, padded. Targets are masked with
 // the conversation's loss mask: only assistant tokens are trained on.
 //
-// The position is a LoaderState {epoch, step}; a loader restored from it
-// yields exactly the batches an uninterrupted one would have. Permutations
+// The position is a LoaderState {epoch, step} (ChatBatcher adds its
+// conversation cursor); a loader restored from it yields exactly the
+// batches an uninterrupted one would have. Permutations
 // use Orchard's own generator (splitmix64 + Fisher-Yates), not std::shuffle,
 // whose results differ between standard libraries.
 #pragma once
@@ -26,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,16 +36,25 @@ namespace orchard::data {
 struct LoaderState {
   uint64_t epoch = 0;
   uint64_t step = 0; // steps done within the epoch
+  // ChatBatcher: conversations served this epoch, its exact position
+  // whatever the batch size (unset in checkpoints older than that).
+  std::optional<uint64_t> cursor;
   bool operator==(const LoaderState&) const = default;
 };
 
-// {"epoch": E, "step": S}, as checkpoints' state.json holds it.
+// {"epoch": E, "step": S[, "cursor": C]}, as checkpoints' state.json holds
+// it.
 inline void to_json(nlohmann::json& j, const LoaderState& s) {
   j = nlohmann::json{{"epoch", s.epoch}, {"step", s.step}};
+  if (s.cursor)
+    j["cursor"] = *s.cursor;
 }
 inline void from_json(const nlohmann::json& j, LoaderState& s) {
   s.epoch = j.at("epoch").get<uint64_t>();
   s.step = j.at("step").get<uint64_t>();
+  s.cursor.reset();
+  if (j.contains("cursor"))
+    s.cursor = j.at("cursor").get<uint64_t>();
 }
 
 // A permutation of 0..n-1 from `seed` (same on every platform).
@@ -117,10 +128,15 @@ class ChatBatcher {
       int world_size = 1);
 
   ChatBatch next();
-  LoaderState state() const {
-    return state_;
-  }
+  LoaderState state() const;
   void restore(const LoaderState& s);
+  int64_t batch_size() const {
+    return B_;
+  }
+  // Serves `batch_size` rows per step from here on. Rows are filled one
+  // after another from the conversation cursor, so they are the same rows
+  // in the same order; only an epoch's last, short step pads differently.
+  void set_batch_size(int64_t batch_size);
 
  private:
   // Fills one row from the conversation cursor; returns false at epoch end.

@@ -601,8 +601,11 @@ FinetuneResult run_finetune(
     auto y = torch::where(b.loss_mask > 0, b.y, torch::full_like(b.y, -1));
     return model->loss(b.x.to(dev), y.to(dev));
   };
-  task.evaluate = [&, val_file] {
-    data::ChatBatcher val(*val_file, B, T, cfg.pack, pad_id, false, 0);
+  task.evaluate = [&, val_file, loader] {
+    // The training micro-batch, which an out-of-memory error may have
+    // lowered.
+    const int64_t vb = loader->batch_size();
+    data::ChatBatcher val(*val_file, vb, T, cfg.pack, pad_id, false, 0);
     double nats = 0, count = 0;
     int64_t seen = 0;
     do {
@@ -614,7 +617,7 @@ FinetuneResult run_finetune(
       if (n > 0)
         nats += model->loss(b.x.to(dev), y.to(dev)).item<double>() * n;
       count += n;
-      seen += B * T;
+      seen += vb * T;
     } while (seen < cfg.eval_tokens);
     if (count == 0)
       throw UserError(
@@ -628,6 +631,8 @@ FinetuneResult run_finetune(
   task.restore_data = [loader](const nlohmann::json& j) {
     loader->restore(j.get<data::LoaderState>());
   };
+  // Out of memory: the Trainer halves the micro-batch and redoes the step.
+  task.set_micro_batch = [loader](int64_t b) { loader->set_batch_size(b); };
   task.describe = {
       {"stage", cfg.stage},
       {"model_dir", fs::absolute(cfg.model).string()},

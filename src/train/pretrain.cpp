@@ -464,8 +464,9 @@ TrainResult run_training(
     task.restore_data = [chat_loader](const nlohmann::json& j) {
       chat_loader->restore(j.get<data::LoaderState>());
     };
-    // No set_micro_batch: packed rows depend on the batch from the start of
-    // the epoch, so an out-of-memory error saves and stops with advice.
+    task.set_micro_batch = [chat_loader](int64_t b) {
+      chat_loader->set_batch_size(b);
+    };
   } else {
     task.micro_step = [&, train_loader] {
       auto b = train_loader->next();

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #if defined(ORCHARD_WITH_CUDA)
@@ -122,6 +123,8 @@ Trainer::Trainer(
       optimizers_(optimizers),
       log_(log),
       scaler_(opt_.precision.loss_scaling) {
+  if (const char* rows = std::getenv("ORCHARD_TEST_OOM_ROWS"))
+    test_oom_rows_ = std::atoll(rows);
   if (opt_.ema) {
     torch::NoGradGuard no_grad;
     for (const auto& p : trained_tensors(*task_.model))
@@ -277,6 +280,12 @@ void Trainer::take_step(
           opt_.device.type(), opt_.precision.compute);
       micro = task_.micro_step() / double(opt_.grad_accum);
     }
+    TORCH_CHECK_WITH(
+        OutOfMemoryError,
+        test_oom_rows_ <= 0 || opt_.micro_batch <= test_oom_rows_,
+        "CUDA out of memory (injected by ORCHARD_TEST_OOM_ROWS=",
+        test_oom_rows_,
+        ")");
     (scale != 1.0 ? micro * scale : micro).backward();
     loss_sum = loss_sum.defined() ? loss_sum + micro.detach() : micro.detach();
   }

@@ -97,7 +97,7 @@ struct TrainerResult {
   int64_t skipped_steps = 0;      // float16 steps whose gradients overflowed
   int64_t micro_batch = 0;        // at the end (smaller after out-of-memory)
   uint64_t peak_memory_bytes = 0; // core/memory_stats.h's peak
-  double train_seconds = 0; // steps, evaluations, samples; over resumes
+  double train_seconds = 0;       // steps, evaluations, samples; over resumes
 };
 
 class Trainer {
@@ -149,8 +149,12 @@ class Trainer {
   int64_t best_step_ = -1;
   double last_val_ = std::numeric_limits<double>::quiet_NaN();
   int64_t skipped_ = 0;
-  double seconds_ = 0;         // in steps, carried across resumes
-  uint64_t peak_memory_ = 0;   // the highest of every part of the run
+  // Tests only (ORCHARD_TEST_OOM_ROWS=N): a micro-step of more than N rows
+  // fails as out of memory after taking its data, so the recovery runs end
+  // to end from the command line on any machine. 0: off.
+  int64_t test_oom_rows_ = 0;
+  double seconds_ = 0;       // in steps, carried across resumes
+  uint64_t peak_memory_ = 0; // the highest of every part of the run
   std::string last_checkpoint_;
 };
 

@@ -242,6 +242,41 @@ TEST(Finetune, MistralWithASentencePieceTokenizerLearnsPastItsWindow) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
+// Out of memory while fine-tuning (injected with ORCHARD_TEST_OOM_ROWS: a
+// micro-step of more than 2 rows fails after taking its data): the micro-
+// batch is halved, the step redone, and the adapter equals a run made with
+// 2 rows and twice the accumulation from the start.
+TEST(Finetune, OutOfMemoryHalvesTheMicroBatchAndLosesNothing) {
+  TempDir tmp;
+  const std::string data = write_chats(tmp);
+  fs::create_directories(tmp.file("a"));
+  fs::create_directories(tmp.file("b"));
+  auto r = run_orchard(
+      lora_args(data, 4),
+      {{"ORCHARD_HOME", tmp.file("home")}, {"ORCHARD_TEST_OOM_ROWS", "2"}},
+      tmp.file("a"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(
+      r.out.find("Out of memory at step 1 with device_batch_size=4: halved "
+                 "to 2, gradient accumulation now 4"),
+      std::string::npos)
+      << r.out;
+  auto args = lora_args(data, 4);
+  for (auto& a : args) {
+    if (a == "per_device_train_batch_size=4")
+      a = "per_device_train_batch_size=2";
+    if (a == "gradient_accumulation_steps=2")
+      a = "gradient_accumulation_steps=4";
+  }
+  r = run_orchard(args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.file("b"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto halved = adapter_of(tmp.file("a/runs/lora/llama/adapter"));
+  auto small = adapter_of(tmp.file("b/runs/lora/llama/adapter"));
+  ASSERT_EQ(halved.size(), small.size());
+  for (const auto& [k, t] : small)
+    EXPECT_TRUE(torch::allclose(halved[k], t, 1e-5, 1e-7)) << k;
+}
+
 TEST(Finetune, LoraOnAFourBitBaseTrainsAndWritesAnAdapter) {
   TempDir tmp;
   const std::string data = write_chats(tmp);

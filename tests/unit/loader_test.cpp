@@ -186,6 +186,52 @@ TEST(ChatBatcher, ResumeReplaysPackingExactly) {
   }
 }
 
+// After an out-of-memory error the Trainer halves the micro-batch: rows are
+// filled one after another from the conversation cursor, so two steps of
+// 2 rows are the one step of 4 they replace, and the state (with its cursor)
+// restores to the same place whatever the batch size was. An older state
+// without the cursor still replays.
+TEST(ChatBatcher, SetBatchSizeServesTheSameRowsAndRestores) {
+  TempDir dir;
+  std::vector<Conversation> convs;
+  for (int c = 0; c < 40; ++c) {
+    Conversation conv;
+    for (int i = 0; i < 2 + (c * 5) % 9; ++i) {
+      conv.ids.push_back(1000 * c + i);
+      conv.mask.push_back(1);
+    }
+    convs.push_back(conv);
+  }
+  write_chat_file(dir.file("many.chat"), convs);
+  ChatFile f = ChatFile::open(dir.file("many.chat"));
+  ChatBatcher four(f, 4, 12, true, 0, true, 3);
+  std::vector<torch::Tensor> rows; // 3 steps of 4 rows
+  for (int i = 0; i < 3; ++i)
+    rows.push_back(four.next().x);
+  auto want = torch::cat(rows);
+  ChatBatcher mixed(f, 4, 12, true, 0, true, 3);
+  std::vector<torch::Tensor> got = {mixed.next().x};
+  mixed.set_batch_size(2);
+  EXPECT_EQ(mixed.batch_size(), 2);
+  got.push_back(mixed.next().x);
+  // Restored in a new loader of 2 rows from the state after 4 + 2 rows.
+  ChatBatcher resumed(f, 2, 12, true, 0, true, 3);
+  resumed.restore(nlohmann::json(mixed.state()).get<LoaderState>());
+  for (int i = 0; i < 3; ++i)
+    got.push_back(resumed.next().x);
+  EXPECT_TRUE(torch::equal(torch::cat(got), want));
+  // A state without the cursor (older checkpoints) replays by steps.
+  LoaderState old = four.state();
+  old.cursor.reset();
+  ChatBatcher replayed(f, 4, 12, true, 0, true, 3);
+  replayed.restore(old);
+  EXPECT_TRUE(torch::equal(replayed.next().x, four.next().x));
+  // A cursor past the data: the data changed since the checkpoint.
+  LoaderState past = four.state();
+  past.cursor = 41;
+  EXPECT_THROW(replayed.restore(past), UserError);
+}
+
 } // namespace
 } // namespace orchard::data
 
