@@ -31,9 +31,14 @@ uint64_t pair_key(TokenId left, TokenId right) {
 
 SentencePieceBpe::SentencePieceBpe(const SentencePieceStyle& style)
     : style_(style) {
-  for (const auto& [text, id] : style_.vocab)
+  words_apart_ = true;
+  for (const auto& [text, id] : style_.vocab) {
     if (!text.empty() && char_length(text[0]) == text.size())
       chars_.emplace(text, id);
+    for (size_t i = 1; i < text.size(); ++i)
+      if (text[i] == ' ' && text[i - 1] != ' ')
+        words_apart_ = false;
+  }
   pairs_.reserve(style_.merges.size());
   for (size_t r = 0; r < style_.merges.size(); ++r) {
     const auto& m = style_.merges[r];
@@ -78,15 +83,18 @@ void SentencePieceBpe::encode(
       norm += text[i++];
     }
   }
-  if (!style_.split_words) {
+  if (!style_.split_words && !words_apart_) {
     encode_word(norm, out);
     return;
   }
-  // Metaspace split: a space starts a new word ("a  b" -> "a", " ", " b").
+  // Metaspace split: every space starts a new word ("a  b" -> "a", " ",
+  // " b"). Words apart: a space after another character does ("a  b" ->
+  // "a", "  b"), which changes nothing but the speed.
   std::string_view all(norm);
   size_t start = 0;
   for (size_t i = 1; i <= all.size(); ++i)
-    if (i == all.size() || all[i] == ' ') {
+    if (i == all.size() ||
+        (all[i] == ' ' && (style_.split_words || all[i - 1] != ' '))) {
       encode_word(all.substr(start, i - start), out);
       start = i;
     }

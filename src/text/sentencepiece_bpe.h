@@ -6,8 +6,9 @@
 //
 // How it differs from byte-level BPE (text/tokenizer.h):
 // - no regex pre-tokenizer: unless Metaspace's `split` is on, the whole text
-//   between two special tokens is one word, so merges run over all of it
-//   (a heap keeps that O(n log n));
+//   between two special tokens is one word, so merges may run over all of
+//   it (a heap keeps that O(n log n)); when the vocabulary shows no merge
+//   can cross a word start, words are encoded apart, which is faster;
 // - merges are ranked pairs of ids (Hugging Face's BPE model), not the rank
 //   of the merged bytes;
 // - where a piece of text sits matters, because the leading "▁" goes only
@@ -79,6 +80,10 @@ class SentencePieceBpe {
     TokenId merged;
   };
   std::unordered_map<uint64_t, Merge> pairs_; // (left << 32 | right)
+  // No token holds a space after another character, so no merge crosses
+  // the start of a word ("x y" -> "x", " y") and words encode apart: the
+  // same ids, in a heap per word rather than one over the whole text.
+  bool words_apart_ = false;
 };
 
 } // namespace orchard::text

@@ -159,6 +159,33 @@ TEST(SentencePiece, TextStartDecidesTheLeadingSpace) {
   EXPECT_TRUE(ids(first, "", TextStart::Input).empty());
 }
 
+// Words are encoded apart only when no token holds a space after another
+// character; here "a▁b" does, so the merge must cross the word start.
+TEST(SentencePiece, MergesCrossWordsWhenAVocabularyTokenDoes) {
+  test::TempDir dir;
+  const std::string m = "\xE2\x96\x81"; // ▁
+  json j = {
+      {"model",
+       {{"type", "BPE"},
+        {"vocab",
+         {{"a", 0}, {"b", 1}, {m, 2}, {m + "b", 3}, {"a" + m + "b", 4}}},
+        {"merges", {m + " b", "a " + m + "b"}}}},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"},
+        {"replacement", m},
+        {"prepend_scheme", "never"},
+        {"split", false}}}};
+  dir.write("t/tokenizer.json", j.dump());
+  Tokenizer tok = load_tokenizer(dir.file("t"));
+  EXPECT_EQ(tok.encode("a b"), std::vector<TokenId>{4});
+  EXPECT_EQ(tok.encode("b a b"), (std::vector<TokenId>{1, 2, 4}));
+  j["pre_tokenizer"]["split"] = true; // Metaspace's split: words apart
+  dir.write("t/tokenizer.json", j.dump());
+  EXPECT_EQ(
+      load_tokenizer(dir.file("t")).encode("a b"),
+      (std::vector<TokenId>{0, 3}));
+}
+
 TEST(SentencePiece, BadFilesAreClearErrors) {
   test::TempDir dir;
   auto error = [&](const json& j) {
