@@ -52,6 +52,11 @@ std::string Utf8Stream::push(const std::string& bytes) {
     }
   }
   pending_.erase(0, i);
+  if (drop_first_space_ && !out.empty()) {
+    if (out[0] == ' ')
+      out.erase(0, 1);
+    drop_first_space_ = false;
+  }
   return out;
 }
 
@@ -105,9 +110,9 @@ std::string ChatModel::reply(
         ". Start a new chat (/clear) or send less text.");
   SamplingOptions opt = options;
   opt.stop_tokens.insert(opt.stop_tokens.end(), stop_.begin(), stop_.end());
-  Utf8Stream utf8;
+  Utf8Stream utf8(tok_->sentencepiece());
   std::string reply, piece;
-  bool go_on = true, first_text = true;
+  bool go_on = true;
   engine_.generate(
       prompt,
       opt,
@@ -116,13 +121,6 @@ std::string ChatModel::reply(
           return false;
         piece = text_of({id});
         std::string text = utf8.push(piece);
-        // SentencePiece-style tokens spell a word start as a space: the
-        // reply's first one is not text (transformers' decoder strips it).
-        if (first_text && !text.empty()) {
-          if (tok_->sentencepiece() && text[0] == ' ')
-            text.erase(0, 1);
-          first_text = false;
-        }
         reply += text;
         if (!text.empty() && on_text)
           go_on = on_text(text);

@@ -18,9 +18,13 @@ namespace orchard::infer {
 // Bytes in, whole UTF-8 characters out: a token may end inside a
 // multi-byte character; the rest waits for the next token. Bytes that are
 // not UTF-8 come out as U+FFFD, so the text is always valid UTF-8 (JSON
-// needs it).
+// needs it). `drop_first_space`: a reply from a SentencePiece-style model,
+// whose first word's token spells a leading space that is not text (as
+// transformers' decoder strips it); the first text loses that one space.
 class Utf8Stream {
  public:
+  explicit Utf8Stream(bool drop_first_space = false)
+      : drop_first_space_(drop_first_space) {}
   // The complete characters so far not yet returned.
   std::string push(const std::string& bytes);
   // U+FFFD when a character was left unfinished at the end, else "".
@@ -28,6 +32,7 @@ class Utf8Stream {
 
  private:
   std::string pending_;
+  bool drop_first_space_;
 };
 
 class ChatModel {

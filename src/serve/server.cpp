@@ -258,21 +258,15 @@ struct Server::Impl {
         chat.stop_tokens().begin(),
         chat.stop_tokens().end());
     r->options = s;
-    auto utf8 = std::make_shared<infer::Utf8Stream>();
+    auto utf8 = std::make_shared<infer::Utf8Stream>(
+        reply && chat.tokenizer().sentencepiece());
     const auto stops = s.stop_tokens;
     infer::ChatModel* model = &chat;
-    auto strip =
-        std::make_shared<bool>(reply && chat.tokenizer().sentencepiece());
-    r->on_token = [ch, utf8, stops, model, strip](int64_t id) {
+    r->on_token = [ch, utf8, stops, model](int64_t id) {
       if (std::find(stops.begin(), stops.end(), id) != stops.end())
         return true; // ends the request; not part of the text
       ++ch->tokens;
       std::string text = utf8->push(model->text_of({id}));
-      if (*strip && !text.empty()) {
-        if (text[0] == ' ')
-          text.erase(0, 1);
-        *strip = false;
-      }
       if (!text.empty())
         ch->push(std::move(text));
       return true;

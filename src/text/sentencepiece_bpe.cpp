@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include <queue>
+#include <utility>
 
 namespace orchard::text {
 namespace {
@@ -29,8 +30,8 @@ uint64_t pair_key(TokenId left, TokenId right) {
 
 } // namespace
 
-SentencePieceBpe::SentencePieceBpe(const SentencePieceStyle& style)
-    : style_(style) {
+SentencePieceBpe::SentencePieceBpe(SentencePieceStyle style)
+    : style_(std::move(style)) {
   words_apart_ = true;
   for (const auto& [text, id] : style_.vocab) {
     if (!text.empty() && char_length(text[0]) == text.size())

@@ -62,7 +62,7 @@ struct SentencePieceStyle {
 
 class SentencePieceBpe {
  public:
-  explicit SentencePieceBpe(const SentencePieceStyle& style);
+  explicit SentencePieceBpe(SentencePieceStyle style);
   // Appends the ids of `text`. UserError for a character that has no
   // token, no byte tokens and no unknown token to fall back on.
   void encode(std::string_view text, TextStart at, std::vector<TokenId>& out)

@@ -219,7 +219,7 @@ Tokenizer::Tokenizer(
       bytes.push_back({(*sp.byte_tokens)[size_t(b)], std::string(1, char(b))});
   impl_->format = std::move(format);
   impl_->add_tokens(std::move(tokens), std::move(special), bytes);
-  impl_->sp.emplace(sp);
+  impl_->sp.emplace(std::move(sp));
 }
 
 Tokenizer::~Tokenizer() = default;

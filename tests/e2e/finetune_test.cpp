@@ -64,6 +64,41 @@ std::map<std::string, torch::Tensor> adapter_of(const std::string& dir) {
   return safetensors::load(dir + "/adapter_model.safetensors");
 }
 
+// `args` with the key of each "key=value" in `set` given that value.
+std::vector<std::string> with(
+    std::vector<std::string> args,
+    const std::vector<std::string>& set) {
+  for (const auto& kv : set) {
+    const std::string key = kv.substr(0, kv.find('=') + 1);
+    for (auto& a : args)
+      if (a.rfind(key, 0) == 0)
+        a = kv;
+  }
+  return args;
+}
+
+// One reply from `orchard chat -p` on the CPU.
+test::CliResult chat_once(
+    const std::string& model,
+    const std::string& adapter,
+    const std::string& prompt,
+    int max_new_tokens,
+    const std::map<std::string, std::string>& env) {
+  return run_orchard(
+      {"chat",
+       "--model",
+       model,
+       "--adapter",
+       adapter,
+       "-p",
+       prompt,
+       "--max-new-tokens",
+       std::to_string(max_new_tokens),
+       "--device",
+       "cpu"},
+      env);
+}
+
 TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   TempDir tmp;
   const std::string data = write_chats(tmp);
@@ -164,19 +199,7 @@ TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
   // Chat through the adapter, once.
-  r = run_orchard(
-      {"chat",
-       "--model",
-       kLlama,
-       "--adapter",
-       a,
-       "-p",
-       "what is a fox?",
-       "--max-new-tokens",
-       "4",
-       "--device",
-       "cpu"},
-      env);
+  r = chat_once(kLlama, a, "what is a fox?", 4, env);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("+ adapter"), std::string::npos) << r.out;
 }
@@ -190,12 +213,10 @@ TEST(Finetune, MistralWithASentencePieceTokenizerLearnsPastItsWindow) {
   const std::string model = std::string(ORCHARD_FIXTURES) + "/hf/mistral_sp";
   const std::map<std::string, std::string> env = {
       {"ORCHARD_HOME", tmp.file("home")}};
-  auto args = lora_args(data, 16);
-  args[2] = "model=" + model;
-  for (auto& a : args)
-    if (a.rfind("learning_rate=", 0) == 0)
-      a = "learning_rate=2e-2";
-  auto r = run_orchard(args, env, tmp.path().string());
+  auto r = run_orchard(
+      with(lora_args(data, 16), {"model=" + model, "learning_rate=2e-2"}),
+      env,
+      tmp.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::vector<double> loss;
   std::ifstream metrics(tmp.file("runs/lora/mistral_sp/metrics.jsonl"));
@@ -226,19 +247,7 @@ TEST(Finetune, MistralWithASentencePieceTokenizerLearnsPastItsWindow) {
       env);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("what is a river"), std::string::npos) << r.out;
-  r = run_orchard(
-      {"chat",
-       "--model",
-       model,
-       "--adapter",
-       adapter,
-       "-p",
-       "what is a fox?",
-       "--max-new-tokens",
-       "12",
-       "--device",
-       "cpu"},
-      env);
+  r = chat_once(model, adapter, "what is a fox?", 12, env);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
@@ -261,14 +270,12 @@ TEST(Finetune, OutOfMemoryHalvesTheMicroBatchAndLosesNothing) {
                  "to 2, gradient accumulation now 4"),
       std::string::npos)
       << r.out;
-  auto args = lora_args(data, 4);
-  for (auto& a : args) {
-    if (a == "per_device_train_batch_size=4")
-      a = "per_device_train_batch_size=2";
-    if (a == "gradient_accumulation_steps=2")
-      a = "gradient_accumulation_steps=4";
-  }
-  r = run_orchard(args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.file("b"));
+  r = run_orchard(
+      with(
+          lora_args(data, 4),
+          {"per_device_train_batch_size=2", "gradient_accumulation_steps=4"}),
+      {{"ORCHARD_HOME", tmp.file("home")}},
+      tmp.file("b"));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto halved = adapter_of(tmp.file("a/runs/lora/llama/adapter"));
   auto small = adapter_of(tmp.file("b/runs/lora/llama/adapter"));

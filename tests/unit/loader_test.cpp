@@ -157,19 +157,25 @@ TEST(ChatBatcher, PackingFillsRowsWithWholeConversations) {
   EXPECT_EQ(batch.x[0][0].item<int64_t>(), 300);
 }
 
-TEST(ChatBatcher, ResumeReplaysPackingExactly) {
-  TempDir dir;
+// `n` conversations, the c-th of 2 + (c * step) % spread tokens with ids
+// 1000 * c + position, all trained on.
+ChatFile many_conversations(const TempDir& dir, int n, int step, int spread) {
   std::vector<Conversation> convs;
-  for (int c = 0; c < 37; ++c) {
+  for (int c = 0; c < n; ++c) {
     Conversation conv;
-    for (int i = 0; i < 2 + (c * 7) % 11; ++i) {
+    for (int i = 0; i < 2 + (c * step) % spread; ++i) {
       conv.ids.push_back(1000 * c + i);
       conv.mask.push_back(1);
     }
     convs.push_back(conv);
   }
   write_chat_file(dir.file("many.chat"), convs);
-  ChatFile f = ChatFile::open(dir.file("many.chat"));
+  return ChatFile::open(dir.file("many.chat"));
+}
+
+TEST(ChatBatcher, ResumeReplaysPackingExactly) {
+  TempDir dir;
+  ChatFile f = many_conversations(dir, 37, 7, 11);
   ChatBatcher ref(f, 2, 16, true, 0, true, 5);
   std::vector<torch::Tensor> want;
   for (int i = 0; i < 30; ++i)
@@ -193,17 +199,7 @@ TEST(ChatBatcher, ResumeReplaysPackingExactly) {
 // without the cursor still replays.
 TEST(ChatBatcher, SetBatchSizeServesTheSameRowsAndRestores) {
   TempDir dir;
-  std::vector<Conversation> convs;
-  for (int c = 0; c < 40; ++c) {
-    Conversation conv;
-    for (int i = 0; i < 2 + (c * 5) % 9; ++i) {
-      conv.ids.push_back(1000 * c + i);
-      conv.mask.push_back(1);
-    }
-    convs.push_back(conv);
-  }
-  write_chat_file(dir.file("many.chat"), convs);
-  ChatFile f = ChatFile::open(dir.file("many.chat"));
+  ChatFile f = many_conversations(dir, 40, 5, 9);
   ChatBatcher four(f, 4, 12, true, 0, true, 3);
   std::vector<torch::Tensor> rows; // 3 steps of 4 rows
   for (int i = 0; i < 3; ++i)

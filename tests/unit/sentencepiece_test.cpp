@@ -221,6 +221,10 @@ TEST(SentencePiece, BadFilesAreClearErrors) {
       error(j).find("prepend_scheme 'sometimes' is unknown"), std::string::npos)
       << error(j);
   j = base;
+  j["pre_tokenizer"]["replacement"] = "_";
+  EXPECT_NE(error(j).find("replacement other than"), std::string::npos)
+      << error(j);
+  j = base;
   j["model"]["merges"] = {"a c"};
   EXPECT_NE(
       error(j).find("'a c' uses or makes a token the vocab lacks"),

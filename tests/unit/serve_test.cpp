@@ -164,6 +164,21 @@ TEST(Utf8Stream, HoldsBackSplitCharacters) {
   EXPECT_EQ(s.flush(), "");
 }
 
+// A SentencePiece-style reply: the first text loses the one space its first
+// word's token spells (also when an unfinished character follows it);
+// nothing after it does.
+TEST(Utf8Stream, DropsTheFirstSpaceOfASentencePieceReply) {
+  infer::Utf8Stream s(/*drop_first_space=*/true);
+  EXPECT_EQ(s.push(" \xE2\x82"), ""); // " " then an unfinished character
+  EXPECT_EQ(s.push("\xAC yes"), "\xE2\x82\xAC yes");
+  EXPECT_EQ(s.push(" no"), " no");
+  infer::Utf8Stream one_space(true);
+  EXPECT_EQ(one_space.push(" "), "");
+  EXPECT_EQ(one_space.push(" x"), " x");
+  infer::Utf8Stream keep; // completions keep it
+  EXPECT_EQ(keep.push(" x"), " x");
+}
+
 // A chat model with an Orchard tokenizer, served on a free port.
 struct ServerFixture {
   test::TempDir dir;
