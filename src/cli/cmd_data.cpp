@@ -68,7 +68,8 @@ Command register_data(CLI::App& root) {
   chat->add_option(
       "--chat-template",
       *chat_family,
-      "llama3|chatml|mistral|orchard (default: detect)");
+      "llama3|chatml|mistral|orchard (default: the folder's own Jinja "
+      "template, else the family its special tokens name)");
   chat->add_option(
           "--max-length",
           chat_opt->max_length,
@@ -119,18 +120,16 @@ Command register_data(CLI::App& root) {
                   text_opt->out.c_str());
             } else if (chat->parsed()) {
               auto tok = text::load_tokenizer(*chat_tok);
-              auto family = chat_family->empty()
-                  ? text::detect_chat_family(*chat_tok, tok)
-                  : text::parse_chat_family(*chat_family);
-              text::ChatTemplate tmpl(family, tok);
+              auto tmpl =
+                  text::open_chat_template(*chat_tok, tok, *chat_family);
               auto st = data::prepare_chat(tok, tmpl, *chat_opt);
               std::printf(
-                  "%zu record(s) from %zu file(s) (%s template): wrote %zu "
+                  "%zu record(s) from %zu file(s) (template: %s): wrote %zu "
                   "conversations, %llu tokens (%llu trained on), %zu truncated "
                   "to %zu tokens, %zu bad record(s) skipped.\nWrote %s\n",
                   st.records,
                   st.files,
-                  text::chat_family_name(family).c_str(),
+                  tmpl.describe().c_str(),
                   st.written,
                   (unsigned long long)st.tokens,
                   (unsigned long long)st.trained_tokens,

@@ -171,7 +171,13 @@ ChatPrepStats prepare_chat(
         c.mask.assign(c.ids.size(), 1);
         c.mask[0] = 0;
       } else {
-        text::Rendered r = tmpl.render(to_messages(j, format));
+        auto messages = to_messages(j, format);
+        text::Rendered r;
+        try {
+          r = tmpl.render(messages);
+        } catch (const UserError& e) { // the template refused this record
+          throw BadRecord{e.what()};
+        }
         c.ids = std::move(r.ids);
         c.mask = std::move(r.mask);
       }

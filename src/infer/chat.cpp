@@ -71,8 +71,7 @@ ChatModel::ChatModel(LoadedModel model, torch::Device device)
       tok_(std::make_unique<text::Tokenizer>(
           text::load_tokenizer(loaded_.tokenizer_dir))),
       tmpl_(std::make_unique<text::ChatTemplate>(
-          text::detect_chat_family(loaded_.tokenizer_dir, *tok_),
-          *tok_)),
+          text::open_chat_template(loaded_.tokenizer_dir, *tok_))),
       engine_(loaded_.model, device) {
   for (auto id : tmpl_->stop_tokens())
     stop_.push_back(int64_t(id));

@@ -1,6 +1,7 @@
 #include "text/chat_template.h"
 
 #include "core/error.h"
+#include "text/model_template.h"
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +62,27 @@ struct Builder {
   }
 };
 
+nlohmann::json read_json(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw UserError("'" + file.string() + "' is not a valid JSON object.");
+  return j;
+}
+
+// tokenizer_config's bos_token / eos_token: a string, {"content": ...} or
+// null.
+std::string token_text(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key))
+    return "";
+  const auto& v = j[key];
+  if (v.is_string())
+    return v;
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"];
+  return "";
+}
+
 } // namespace
 
 ChatFamily parse_chat_family(const std::string& name) {
@@ -87,46 +109,55 @@ std::string chat_family_name(ChatFamily f) {
       return "chatml";
     case ChatFamily::Mistral:
       return "mistral";
+    case ChatFamily::Model:
+      return "model";
   }
   return "?";
 }
 
-ChatFamily detect_chat_family(const std::string& dir, const Tokenizer& tok) {
+std::optional<TemplateFile> read_chat_template(const std::string& dir) {
   namespace fs = std::filesystem;
+  if (!fs::is_directory(dir))
+    return std::nullopt;
   fs::path config = fs::path(dir) / "tokenizer_config.json";
-  if (fs::is_directory(dir) && fs::exists(config)) {
-    std::ifstream in(config);
-    auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded())
-      throw UserError("'" + config.string() + "' is not valid JSON.");
-    std::string tmpl;
+  std::string tmpl, file = config.string();
+  if (fs::exists(config)) {
+    auto j = read_json(config);
     if (j.contains("chat_template") && j["chat_template"].is_string())
       tmpl = j["chat_template"];
     else if (j.contains("chat_template") && j["chat_template"].is_array())
       for (const auto& t : j["chat_template"]) // [{name, template}, ...]
         if (t.value("name", "") == "default")
           tmpl = t.value("template", "");
-    // transformers 5 writes the template to chat_template.jinja instead.
-    fs::path jinja = fs::path(dir) / "chat_template.jinja";
-    if (tmpl.empty() && fs::exists(jinja)) {
-      std::ifstream t(jinja);
-      tmpl.assign(std::istreambuf_iterator<char>(t), {});
-    }
-    if (!tmpl.empty()) {
-      if (tmpl.find("<|start_header_id|>") != std::string::npos)
-        return ChatFamily::Llama3;
-      if (tmpl.find("<|im_start|>") != std::string::npos)
-        return ChatFamily::ChatML;
-      if (tmpl.find("[INST]") != std::string::npos)
-        return ChatFamily::Mistral;
-      if (tmpl.find("<|user_start|>") != std::string::npos)
-        return ChatFamily::Orchard;
-      throw UserError(
-          "the chat_template in '" + config.string() +
-          "' is not one Orchard knows (families: llama3, chatml, mistral, "
-          "orchard); choose one with chat_template=" +
-          kFamilies + ".");
-    }
+  }
+  // transformers 5 writes the template to chat_template.jinja instead.
+  fs::path jinja = fs::path(dir) / "chat_template.jinja";
+  if (tmpl.empty() && fs::exists(jinja)) {
+    std::ifstream t(jinja);
+    tmpl.assign(std::istreambuf_iterator<char>(t), {});
+    file = jinja.string();
+  }
+  if (tmpl.empty())
+    return std::nullopt;
+  return TemplateFile{tmpl, file};
+}
+
+ChatFamily detect_chat_family(const std::string& dir, const Tokenizer& tok) {
+  if (auto file = read_chat_template(dir)) {
+    const std::string* tmpl = &file->text;
+    if (tmpl->find("<|start_header_id|>") != std::string::npos)
+      return ChatFamily::Llama3;
+    if (tmpl->find("<|im_start|>") != std::string::npos)
+      return ChatFamily::ChatML;
+    if (tmpl->find("[INST]") != std::string::npos)
+      return ChatFamily::Mistral;
+    if (tmpl->find("<|user_start|>") != std::string::npos)
+      return ChatFamily::Orchard;
+    throw UserError(
+        "the chat_template in '" + dir +
+        "' is not one Orchard knows (families: llama3, chatml, mistral, "
+        "orchard); choose one with chat_template=" +
+        kFamilies + ".");
   }
   if (tok.special_id("<|user_start|>"))
     return ChatFamily::Orchard;
@@ -168,6 +199,10 @@ ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer& tok)
     case ChatFamily::Mistral:
       needed = {"<s>", "</s>"};
       break;
+    case ChatFamily::Model:
+      throw UserError(
+          "chat_template=model names the folder's own template; open it "
+          "with the folder.");
   }
   for (const auto& s : needed)
     if (!tok.special_id(s))
@@ -179,6 +214,47 @@ ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer& tok)
           ", which this tokenizer lacks; pick the "
           "template that matches the tokenizer (chat_template=" +
           kFamilies + ").");
+}
+
+ChatTemplate::ChatTemplate(
+    std::shared_ptr<ModelTemplate> model,
+    const Tokenizer& tok)
+    : family_(ChatFamily::Model), tok_(tok), model_(std::move(model)) {}
+
+std::string ChatTemplate::describe() const {
+  return model_ ? model_->origin() : chat_family_name(family_);
+}
+
+std::string ChatTemplate::fingerprint() const {
+  return model_ ? "model:" + model_->source() : chat_family_name(family_);
+}
+
+void ChatTemplate::define(const std::string& name, const std::string& value) {
+  if (model_)
+    model_->define(name, value);
+}
+
+ChatTemplate open_chat_template(
+    const std::string& dir,
+    const Tokenizer& tok,
+    const std::string& family) {
+  if (!family.empty())
+    return ChatTemplate(parse_chat_family(family), tok);
+  auto source = read_chat_template(dir);
+  if (!source)
+    return ChatTemplate(detect_chat_family(dir, tok), tok);
+  namespace fs = std::filesystem;
+  fs::path config = fs::path(dir) / "tokenizer_config.json";
+  std::string bos, eos;
+  if (fs::exists(config)) {
+    auto j = read_json(config);
+    bos = token_text(j, "bos_token");
+    eos = token_text(j, "eos_token");
+  }
+  return ChatTemplate(
+      std::make_shared<ModelTemplate>(
+          source->text, source->file, bos, eos, tok),
+      tok);
 }
 
 TokenId ChatTemplate::special(const std::string& text) const {
@@ -193,6 +269,8 @@ Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
       throw UserError(
           "unknown role '" + m.role +
           "' (expected system, user or assistant).");
+  if (model_)
+    return model_->render(messages, false);
   Builder b{tok_, {}};
   switch (family_) {
     case ChatFamily::Orchard: {
@@ -262,6 +340,8 @@ Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
       }
       break;
     }
+    case ChatFamily::Model:
+      break; // rendered above
   }
   return b.done();
 }
@@ -272,6 +352,8 @@ std::vector<TokenId> ChatTemplate::generation_prompt(
     throw UserError(
         "a reply needs a conversation that ends with a user (or system) "
         "message.");
+  if (model_)
+    return model_->render(messages, true).ids;
   Builder b{tok_, render(messages)}; // each family goes on with a token
   switch (family_) {
     case ChatFamily::Orchard:
@@ -288,12 +370,15 @@ std::vector<TokenId> ChatTemplate::generation_prompt(
       b.text("assistant\n", 0);
       break;
     case ChatFamily::Mistral:
+    case ChatFamily::Model:
       break; // the prompt ends with [/INST]
   }
   return b.done().ids;
 }
 
 std::vector<TokenId> ChatTemplate::stop_tokens() const {
+  if (model_)
+    return model_->stop_tokens();
   std::vector<std::string> names;
   switch (family_) {
     case ChatFamily::Orchard:
@@ -306,6 +391,7 @@ std::vector<TokenId> ChatTemplate::stop_tokens() const {
       names = {"<|im_end|>", "<|endoftext|>"};
       break;
     case ChatFamily::Mistral:
+    case ChatFamily::Model:
       names = {"</s>"};
       break;
   }

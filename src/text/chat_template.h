@@ -2,11 +2,12 @@
 //
 // The mask is 1 on the tokens a model should learn to produce: each
 // assistant message's content and the token that ends it; 0 on everything
-// else (system and user turns, role headers, BOS). Templates are written
-// out token by token rather than through a Jinja engine: the four families
-// below cover Orchard's own models and the Hugging Face ones Orchard
-// fine-tunes, and a template Orchard does not know is an error, never a
-// guess.
+// else (system and user turns, role headers, BOS).
+//
+// A Hugging Face model folder's own Jinja template is rendered as
+// transformers renders it (text/model_template.h). The four built-in
+// families below, written out token by token, serve Orchard's own
+// tokenizers and folders without a template, and can be chosen by name.
 //
 //   orchard
 //   <|bos|><|user_start|>hi<|user_end|><|assistant_start|>yo<|assistant_end|>
@@ -20,6 +21,8 @@
 #include "text/tokenizer.h"
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +33,10 @@ struct Message {
   std::string content;
 };
 
-enum class ChatFamily { Orchard, Llama3, ChatML, Mistral };
+// Model: the tokenizer folder's own Jinja chat template.
+enum class ChatFamily { Orchard, Llama3, ChatML, Mistral, Model };
+
+class ModelTemplate;
 
 struct Rendered {
   std::vector<TokenId> ids;
@@ -41,17 +47,28 @@ struct Rendered {
 ChatFamily parse_chat_family(const std::string& name);
 std::string chat_family_name(ChatFamily f);
 
-// The family of a tokenizer folder: tokenizer_config.json's chat_template
-// when present, else the special tokens the tokenizer has. UserError naming
-// the families and the chat_template= key when neither tells.
+// The built-in family of a tokenizer folder: the one tokenizer_config.json's
+// chat_template spells, else the one its special tokens name. UserError
+// naming the families and the chat_template= key when neither tells.
 ChatFamily detect_chat_family(
     const std::string& tokenizer_dir,
     const Tokenizer& tok);
+
+struct TemplateFile {
+  std::string text;
+  std::string file; // where it was read from
+};
+// The Jinja chat template of a tokenizer folder (tokenizer_config.json's
+// chat_template, or chat_template.jinja), nullopt when it has none.
+// UserError when the file is not valid JSON.
+std::optional<TemplateFile> read_chat_template(const std::string& dir);
 
 class ChatTemplate {
  public:
   // UserError when `tok` lacks a special token the family needs.
   ChatTemplate(ChatFamily family, const Tokenizer& tok);
+  // The model's own template (ChatFamily::Model).
+  ChatTemplate(std::shared_ptr<ModelTemplate> model, const Tokenizer& tok);
   // UserError for an unknown role or an empty conversation.
   Rendered render(const std::vector<Message>& messages) const;
   // The ids a model continues to write the assistant's reply: the
@@ -64,11 +81,28 @@ class ChatTemplate {
   ChatFamily family() const {
     return family_;
   }
+  // "llama3", ..., or "<folder>/tokenizer_config.json's chat_template".
+  std::string describe() const;
+  // Changes whenever the rendering would: the family, or the template text.
+  std::string fingerprint() const;
+  // A variable the model's template reads, as apply_chat_template's kwargs
+  // (date_string for Llama 3.x). Ignored by the built-in families.
+  void define(const std::string& name, const std::string& value);
 
  private:
   TokenId special(const std::string& text) const;
   ChatFamily family_;
   const Tokenizer& tok_;
+  std::shared_ptr<ModelTemplate> model_;
 };
+
+// The template a tokenizer folder's conversations are rendered with:
+// `family` when given (a chat_template= value), else the folder's own Jinja
+// template, else the built-in family its special tokens name. UserError for
+// a template outside Orchard's Jinja subset, naming the construct and line.
+ChatTemplate open_chat_template(
+    const std::string& tokenizer_dir,
+    const Tokenizer& tok,
+    const std::string& family = "");
 
 } // namespace orchard::text

@@ -20,6 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kValEvery = 20; // every 20th conversation validates
+// Bump when a change in chat rendering or tokenizing changes the ids of
+// prepared conversations (2: models' own Jinja templates).
+constexpr const char* kChatRendering = "render-2";
 
 // Paths with their sizes and modification times: a changed file gets a
 // new cache folder.
@@ -87,16 +90,20 @@ ChatData prepare_chat_data(
         " chat file(s) (every 20th conversation validates)";
   }
   const size_t max_length = size_t(cfg.max_seq_len) + 1;
+  text::Tokenizer tok = text::load_tokenizer(tokenizer_dir);
+  text::ChatTemplate tmpl = text::open_chat_template(tokenizer_dir, tok);
+  // The template's text and the rendering code's version are in the key:
+  // a changed template, or a fix in how Orchard renders, re-tokenizes.
   const std::string dir = home + "/chats/" +
       cache_key(files_key(inputs) + fs::absolute(tokenizer_dir).string() + "|" +
-                std::to_string(max_length));
+                std::to_string(max_length) + "|" + kChatRendering + "|" +
+                tmpl.fingerprint());
   d.train = dir + "/train.chat";
   d.val = dir + "/val.chat";
   if (chat_file_intact(d.train) && chat_file_intact(d.val))
     return d;
-  say("Tokenizing " + d.description + " into " + dir + "...");
-  text::Tokenizer tok = text::load_tokenizer(tokenizer_dir);
-  text::ChatTemplate tmpl(text::detect_chat_family(tokenizer_dir, tok), tok);
+  say("Tokenizing " + d.description + " into " + dir +
+      " (template: " + tmpl.describe() + ")...");
   build_atomically(dir, [&](const std::string& tmp) {
     data::ChatPrepOptions o;
     o.out = tmp;

@@ -362,7 +362,7 @@ TEST(CliData, WordnetToShardsAndChat) {
   ASSERT_EQ(chat.exit_code, 0) << chat.err;
   EXPECT_NE(chat.out.find("wrote 3 conversations"), std::string::npos)
       << chat.out;
-  EXPECT_NE(chat.out.find("orchard template"), std::string::npos) << chat.out;
+  EXPECT_NE(chat.out.find("template: orchard"), std::string::npos) << chat.out;
   EXPECT_TRUE(std::filesystem::exists(dir.file("chat/chat_train.chat")));
 
   // Bad input: exit 1 with file:line; --skip-bad counts instead.

@@ -6,6 +6,10 @@
 #include "text/tokenizer_io.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
 
 namespace orchard::text {
 namespace {
@@ -173,6 +177,194 @@ TEST(ChatTemplate, DetectsTheFamilyFromTokenizerConfig) {
   test::TempDir empty;
   EXPECT_EQ(
       detect_chat_family(empty.path().string(), tok), ChatFamily::Orchard);
+}
+
+// --- the model's own Jinja template ------------------------------------------
+
+const std::string kTemplates =
+    std::string(ORCHARD_FIXTURES) + "/chat_templates";
+const std::string kHf = std::string(ORCHARD_FIXTURES) + "/hf";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// A copy of fixture tokenizer `tok_name` whose chat template is `tmpl`.
+std::string folder_with(
+    const test::TempDir& tmp,
+    const std::string& tok_name,
+    const std::string& tmpl) {
+  namespace fs = std::filesystem;
+  fs::path dir = tmp.path() / (tok_name + "-" + tmpl);
+  fs::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(kHf + "/" + tok_name + "/" + f, dir / f);
+  fs::copy_file(kTemplates + "/" + tmpl, dir / "chat_template.jinja");
+  return dir.string();
+}
+
+std::vector<Message> conversation(const nlohmann::json& j) {
+  std::vector<Message> out;
+  for (const auto& m : j)
+    out.push_back({m["role"], m["content"]});
+  return out;
+}
+
+// Real Llama 3.2, Qwen2.5, Mistral v0.1 / v0.3 / Nemo and Llama 2 templates
+// on the fixture tokenizers: the ids equal transformers'
+// apply_chat_template (tests/golden/make_template_ids.py).
+TEST(ModelTemplate, IdsEqualTransformers) {
+  const auto convs = read_json(kTemplates + "/reference.json")["conversations"];
+  const auto ref = read_json(kTemplates + "/token_reference.json");
+  test::TempDir tmp;
+  std::map<std::string, std::pair<std::string, std::unique_ptr<Tokenizer>>>
+      dirs;
+  size_t checked = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::string tmpl = c["template"], tok_name = c["tokenizer"];
+    auto& [dir, tok] = dirs[tmpl];
+    if (!tok) {
+      dir = folder_with(tmp, tok_name, tmpl);
+      tok = std::make_unique<Tokenizer>(load_tokenizer(dir));
+    }
+    ChatTemplate t = open_chat_template(dir, *tok);
+    ASSERT_EQ(t.family(), ChatFamily::Model);
+    t.define("date_string", "26 Jul 2024");
+    auto messages = conversation(convs[c["conversation"].get<int>()]);
+    const bool prompt = c["add_generation_prompt"];
+    if (prompt && messages.back().role == "assistant")
+      continue; // Orchard asks for a reply only after a user turn
+    std::vector<TokenId> ids =
+        prompt ? t.generation_prompt(messages) : t.render(messages).ids;
+    EXPECT_EQ(ids, c["ids"].get<std::vector<TokenId>>())
+        << tmpl << " conversation " << c["conversation"]
+        << (prompt ? " +prompt" : "");
+    ++checked;
+  }
+  EXPECT_GT(checked, 50u);
+}
+
+// The loss mask covers each assistant message's text as the template writes
+// it (trimmed by some) and the blanks and turn-ending token after it.
+TEST(ModelTemplate, MaskCoversAssistantTextAndItsTurnEnd) {
+  const auto convs = read_json(kTemplates + "/reference.json")["conversations"];
+  auto trim = [](const std::string& s) {
+    size_t a = s.find_first_not_of(" \t\r\n"),
+           b = s.find_last_not_of(" \t\r\n");
+    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+  };
+  struct Spelling {
+    std::string tmpl, tok_name;
+    std::function<std::string(const std::string&)> turn;
+  };
+  const std::vector<Spelling> spellings = {
+      {"llama-3.2.jinja",
+       "llama",
+       [&](auto& c) { return trim(c) + "<|eot_id|>"; }},
+      {"qwen2.5.jinja", "qwen2", [&](auto& c) { return c + "<|im_end|>"; }},
+      {"mistral-v0.1.jinja", "mistral_sp", [&](auto& c) { return c + "</s>"; }},
+      {"mistral-v0.3.jinja",
+       "mistral_sp",
+       [&](auto& c) { return " " + trim(c) + "</s>"; }},
+      {"mistral-nemo.jinja", "mistral_sp", [&](auto& c) { return c + "</s>"; }},
+      {"llama-2-chat.jinja",
+       "mistral_sp",
+       [&](auto& c) { return " " + trim(c) + " </s>"; }},
+  };
+  test::TempDir tmp;
+  for (const auto& sp : spellings) {
+    const std::string dir = folder_with(tmp, sp.tok_name, sp.tmpl);
+    Tokenizer tok = load_tokenizer(dir);
+    ChatTemplate t = open_chat_template(dir, tok);
+    for (int k : {1, 2, 3, 4}) {
+      auto messages = conversation(convs[k]);
+      if (sp.tmpl == "mistral-v0.1.jinja" && messages[0].role == "system")
+        continue; // v0.1's template refuses a system message
+      std::string expected;
+      for (const auto& m : messages)
+        if (m.role == "assistant")
+          expected += (expected.empty() ? "" : "|") + sp.turn(m.content);
+      Rendered r = t.render(messages);
+      ASSERT_EQ(r.ids.size(), r.mask.size());
+      EXPECT_EQ(masked_text(tok, r), expected)
+          << sp.tmpl << " conversation " << k;
+    }
+  }
+}
+
+// On the fixture folders, whose templates spell the built-in families, the
+// model's template and the built-in family give the same ids and mask.
+TEST(ModelTemplate, AgreesWithTheBuiltInFamilies) {
+  const std::vector<Message> conv = {
+      {"user", "Hi <|im_end|> <|eot_id|> [INST] there"},
+      {"assistant", "Hello!"},
+      {"user", "Bye"},
+      {"assistant", "See you."}};
+  for (const std::string arch : {"llama", "qwen2", "mistral_sp"}) {
+    const std::string dir = kHf + "/" + arch;
+    Tokenizer tok = load_tokenizer(dir);
+    ChatTemplate model = open_chat_template(dir, tok);
+    ChatTemplate family(detect_chat_family(dir, tok), tok);
+    ASSERT_EQ(model.family(), ChatFamily::Model);
+    Rendered a = model.render(conv), b = family.render(conv);
+    EXPECT_EQ(a.ids, b.ids) << arch;
+    EXPECT_EQ(a.mask, b.mask) << arch;
+    auto prompt = conv;
+    prompt.pop_back();
+    EXPECT_EQ(model.generation_prompt(prompt), family.generation_prompt(prompt))
+        << arch;
+    for (auto id : family.stop_tokens()) {
+      auto stops = model.stop_tokens();
+      EXPECT_NE(std::find(stops.begin(), stops.end(), id), stops.end()) << arch;
+    }
+  }
+}
+
+TEST(ModelTemplate, RefusalsAndGapsAreClearErrors) {
+  test::TempDir tmp;
+  const std::string dir = folder_with(tmp, "mistral_sp", "mistral-v0.1.jinja");
+  Tokenizer tok = load_tokenizer(dir);
+  ChatTemplate t = open_chat_template(dir, tok);
+  try {
+    t.render({{"system", "s"}, {"user", "u"}});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "refused the conversation: Conversation roles must alternate"),
+        std::string::npos)
+        << e.what();
+  }
+  // A template that drops the assistant's text leaves nothing to train on.
+  test::TempDir other;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(kHf + "/mistral_sp/" + f, other.file(f));
+  other.write(
+      "chat_template.jinja",
+      "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}"
+      "{% else %}ok</s>{% endif %}{% endfor %}");
+  ChatTemplate drop = open_chat_template(other.path().string(), tok);
+  try {
+    drop.render({{"user", "u"}, {"assistant", "a"}});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("leaves out the text of message 2"),
+        std::string::npos)
+        << e.what();
+  }
+  // Outside the subset: named, with its line, when the folder is opened.
+  other.write("chat_template.jinja", "{% macro m() %}{% endmacro %}");
+  try {
+    open_chat_template(other.path().string(), tok);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("chat_template.jinja:1: '{% macro %}'"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 } // namespace
