@@ -475,6 +475,40 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
        "max_seq_length=64"},
       "Fix or remove the record",
       1);
+  // The model's own template refuses a record (Mistral v0.1 has no system
+  // role), or uses Jinja Orchard's subset lacks.
+  const std::string v01 = tmp.file("mistral-v01");
+  std::filesystem::copy(
+      std::string(ORCHARD_FIXTURES) + "/hf/mistral_sp",
+      v01,
+      std::filesystem::copy_options::recursive);
+  std::filesystem::copy_file(
+      std::string(ORCHARD_FIXTURES) + "/chat_templates/mistral-v0.1.jinja",
+      v01 + "/chat_template.jinja",
+      std::filesystem::copy_options::overwrite_existing);
+  tmp.write(
+      "system.jsonl",
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "
+      "{\"role\": \"user\", \"content\": \"u\"}, {\"role\": "
+      "\"assistant\", \"content\": \"a\"}]}\n");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + v01,
+       "data=" + tmp.file("system.jsonl"),
+       "max_seq_length=64"},
+      "system.jsonl:1: " + v01 +
+          "/chat_template.jinja: the chat template refused the "
+          "conversation: Conversation roles must alternate",
+      1);
+  tmp.write("mistral-v01/chat_template.jinja", "{% macro m() %}{% endmacro %}");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + v01,
+       "data=" + data,
+       "max_seq_length=64"},
+      "chat_template.jinja:1: '{% macro %}' is not supported");
   expect_error({"plan", "stage=lora"}, "plans for model=DIR");
   expect_error(
       {"train",
