@@ -6,6 +6,7 @@
 #include "core/progress.h"
 #include "data/text_prep.h"
 #include "text/bpe_train.h"
+#include "text/chat_template.h"
 #include "text/hf_tokenizer.h"
 #include "text/tokenizer_io.h"
 
@@ -20,6 +21,21 @@
 
 namespace orchard::cli {
 namespace {
+
+// What conversations are rendered with: the folder's own Jinja template, a
+// built-in family, or why neither works.
+std::string chat_template_of(
+    const std::string& path,
+    const text::Tokenizer& tok) {
+  try {
+    auto t = text::open_chat_template(path, tok);
+    return t.family() == text::ChatFamily::Model
+        ? t.describe() + " (the model's Jinja template)"
+        : text::chat_family_name(t.family()) + " (built-in)";
+  } catch (const UserError& e) {
+    return std::string("none usable: ") + e.what();
+  }
+}
 
 std::string read_input(const std::string& path) {
   if (path.empty() || path == "-") {
@@ -187,6 +203,8 @@ Command register_tokenizer(CLI::App& root) {
                     << (tok.sentencepiece() ? "(none: \"\xE2\x96\x81\" marks "
                                               "word starts)"
                                             : tok.pattern())
+                    << "\n"
+                    << "chat_template: " << chat_template_of(st->tokenizer, tok)
                     << "\n"
                     << "special_tokens: " << tok.special_tokens().size()
                     << "\n";

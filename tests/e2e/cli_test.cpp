@@ -106,7 +106,9 @@ TEST(Cli, ConfigErrorsExitTwoWithTheReason) {
 
   r = run_orchard({"config", "--preset", "nope"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(contains(r.err, "the presets are: lora-llama-3.2-3b, overnight, quick")) << r.err;
+  EXPECT_TRUE(
+      contains(r.err, "the presets are: lora-llama-3.2-3b, overnight, quick"))
+      << r.err;
 }
 
 TEST(Cli, AssumedMachinesAndMemoryOverrides) {
@@ -201,6 +203,17 @@ TEST(CliTokenizer, InfoAndErrors) {
   auto info = test::run_orchard({"tokenizer", "info", "--tokenizer", kCl100k});
   ASSERT_EQ(info.exit_code, 0) << info.err;
   EXPECT_NE(info.out.find("vocab_size: 100277"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("chat_template: none usable"), std::string::npos)
+      << info.out;
+  auto hf = test::run_orchard(
+      {"tokenizer",
+       "info",
+       "--tokenizer",
+       std::string(ORCHARD_FIXTURES) + "/hf/qwen2"});
+  EXPECT_NE(
+      hf.out.find("qwen2/chat_template.jinja (the model's Jinja template)"),
+      std::string::npos)
+      << hf.out;
   EXPECT_NE(info.out.find("100257 <|endoftext|>"), std::string::npos)
       << info.out;
 
