@@ -53,6 +53,8 @@ CONVERSATIONS = [
     [m("user", "a"), m("user", "b")],  # not alternating: some refuse
     [m("system", "only a system message")],
     [m("user", ""), m("assistant", "")],
+    [m("user", "2+2?"),
+     m("assistant", "<think>\nadd them\n</think>\n\nIt is 4.")],
 ]
 
 TOOLS = [{"type": "function", "function": {

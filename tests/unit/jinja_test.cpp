@@ -1,7 +1,7 @@
-// Orchard's Jinja subset against Jinja2 itself: eight real chat templates
-// (Llama 3.2, Qwen2.5, Mistral v0.1 / v0.3 / Nemo, Llama 2, TinyLlama,
-// Gemma 2) over eight conversations with and without a generation prompt
-// and with tools, plus single expressions. The expected text and errors
+// Orchard's Jinja subset against Jinja2 itself: ten real chat templates
+// (Llama 3.2, Llama 3.1/3.3, Qwen2.5, Mistral v0.1 / v0.3 / Nemo, Llama 2,
+// DeepSeek-R1 distills, TinyLlama, Gemma 2) over nine conversations with and
+// without a generation prompt and with tools, plus single expressions. The expected text and errors
 // come from tests/golden/make_jinja_reference.py (jinja2 3.1.6, set up as
 // transformers sets it up).
 #include "text/jinja.h"
@@ -93,7 +93,7 @@ TEST(Jinja, RealChatTemplatesRenderAsJinja2Does) {
     EXPECT_EQ(t->render(ctx).text, c["expected"].get<std::string>()) << label;
     ++rendered;
   }
-  EXPECT_EQ(templates.size(), 8u);
+  EXPECT_EQ(templates.size(), 10u);
   EXPECT_GT(rendered, 100u);
   EXPECT_GT(refused, 10u);
 }
@@ -108,27 +108,28 @@ TEST(Jinja, ExpressionsMatchJinja2) {
   }
 }
 
-TEST(Jinja, TaggedTextIsFoundThroughConcatenationTrimAndSlices) {
+TEST(Jinja, TaggedTextIsFoundThroughConcatenationTrimSlicesAndSplit) {
+  // DeepSeek-R1's template keeps what follows the last </think>.
   Template t(
-      "{{ '[' + m.content | trim + ']' }}{{ m.content[2:5] }}{{ other }}",
+      "{{ '[' + m.content | trim + ']' }}{{ m.content[2:5] }}{{ other }}"
+      "{{ r.content.split('</think>')[-1] }}",
       "spans");
   Pairs msg = {{"content", Value::string("  hello  ", 7)}};
-  Output out =
-      t.render({{"m", Value::object(msg)}, {"other", Value::string("x")}});
-  ASSERT_EQ(
-      out.text,
-      "[hello]hel"
-      "x");
-  ASSERT_EQ(out.spans.size(), 2u);
-  EXPECT_EQ(
-      out.text.substr(
-          out.spans[0].begin, out.spans[0].end - out.spans[0].begin),
-      "hello");
+  Pairs reply = {{"content", Value::string("<think>hm</think>It is 4.", 9)}};
+  Output out = t.render(
+      {{"m", Value::object(msg)},
+       {"other", Value::string("x")},
+       {"r", Value::object(reply)}});
+  ASSERT_EQ(out.text, "[hello]helxIt is 4.");
+  auto text_of = [&](const Span& s) {
+    return out.text.substr(s.begin, s.end - s.begin);
+  };
+  ASSERT_EQ(out.spans.size(), 3u);
+  EXPECT_EQ(text_of(out.spans[0]), "hello");
   EXPECT_EQ(out.spans[0].tag, 7);
-  EXPECT_EQ(
-      out.text.substr(
-          out.spans[1].begin, out.spans[1].end - out.spans[1].begin),
-      "hel");
+  EXPECT_EQ(text_of(out.spans[1]), "hel");
+  EXPECT_EQ(text_of(out.spans[2]), "It is 4.");
+  EXPECT_EQ(out.spans[2].tag, 9);
 }
 
 TEST(Jinja, SyntaxOutsideTheSubsetIsAnErrorWithItsLine) {
