@@ -364,6 +364,10 @@ class Renderer {
         (b.kind == VK::Int || b.kind == VK::Float || b.kind == VK::Bool);
     if (!numbers) {
       if (op == "*" && a.kind == VK::String && b.kind == VK::Int) {
+        constexpr int64_t kMaxBytes = 1 << 26; // 64 MB: no template needs more
+        if (b.i > 0 && int64_t(a.str.s.size()) > kMaxBytes / b.i)
+          fail(
+              line, "string * " + std::to_string(b.i) + " would exceed 64 MB.");
         Value v = Value::string("");
         for (int64_t k = 0; k < b.i; ++k)
           v.str.s += a.str.s;

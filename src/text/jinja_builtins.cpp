@@ -719,6 +719,10 @@ std::map<std::string, Value> globals(const std::string& template_name) {
     }
     if (s == 0)
       fail(where, "step cannot be zero.");
+    // A template is a file anyone can edit; no chat template loops this far.
+    constexpr int64_t kMaxRange = 1'000'000;
+    if ((b - a) / s > kMaxRange)
+      fail(where, "gives more than 1,000,000 numbers.");
     List out;
     for (int64_t k = a; s > 0 ? k < b : k > b; k += s)
       out.push_back(Value::integer(k));

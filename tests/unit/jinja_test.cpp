@@ -1,9 +1,9 @@
 // Orchard's Jinja subset against Jinja2 itself: ten real chat templates
 // (Llama 3.2, Llama 3.1/3.3, Qwen2.5, Mistral v0.1 / v0.3 / Nemo, Llama 2,
 // DeepSeek-R1 distills, TinyLlama, Gemma 2) over nine conversations with and
-// without a generation prompt and with tools, plus single expressions. The expected text and errors
-// come from tests/golden/make_jinja_reference.py (jinja2 3.1.6, set up as
-// transformers sets it up).
+// without a generation prompt and with tools, plus single expressions. The
+// expected text and errors come from tests/golden/make_jinja_reference.py
+// (jinja2 3.1.6, set up as transformers sets it up).
 #include "text/jinja.h"
 #include "core/error.h"
 #include "test_util.h"
@@ -165,6 +165,9 @@ TEST(Jinja, SyntaxOutsideTheSubsetIsAnErrorWithItsLine) {
       std::string::npos);
   EXPECT_NE(
       message("{{ 1 + 'a' }}").find("unsupported operand"), std::string::npos);
+  EXPECT_NE(
+      message("{{ range(10 ** 12) | length }}").find("more than 1,000,000"),
+      std::string::npos);
 }
 
 } // namespace
