@@ -65,6 +65,7 @@ Command register_chat(CLI::App& root) {
   CLI::App* app =
       root.add_subcommand("chat", "Chat with a trained model in the terminal");
   add_model_flags(app, st->model);
+  add_chat_template_flag(app, st->model);
   app->add_option("-p,--prompt", st->prompt, "answer this once and exit");
   app->add_option("--system", st->system, "system message");
   app->add_option("--temperature", st->sampling.temperature, "0 = greedy")

@@ -28,6 +28,7 @@ Command register_serve(CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "serve", "Web chat page and OpenAI-compatible API for a chat model");
   add_model_flags(app, st->model);
+  add_chat_template_flag(app, st->model);
   auto& o = st->options;
   app->add_option("--host", o.host, "address to listen on")
       ->capture_default_str();

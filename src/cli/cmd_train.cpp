@@ -41,6 +41,8 @@ int run_finetune_command(const ConfigFlags& flags, const DeviceFlags& dflags) {
   mf.model_dir = cfg.stage == "lora" ? cfg.model : r.output_dir;
   if (cfg.stage == "lora")
     mf.adapter = r.output_dir;
+  if (cfg.chat_template != "auto")
+    mf.chat_template = cfg.chat_template;
   infer::SamplingOptions so;
   so.max_new_tokens = 48;
   so.temperature = 0.7;
@@ -57,18 +59,23 @@ int run_finetune_command(const ConfigFlags& flags, const DeviceFlags& dflags) {
   }
   train::write_stage_report(d, report);
   std::printf("Report: %s/report.md\n", r.run_dir.c_str());
+  const std::string template_flag =
+      mf.chat_template.empty() ? "" : " --chat-template " + mf.chat_template;
   if (cfg.stage == "lora")
     std::printf(
-        "\nChat with it: orchard chat --model %s --adapter %s\n"
+        "\nChat with it: orchard chat --model %s --adapter %s%s\n"
         "Merge it:     orchard lora merge --model %s --adapter %s --out "
         "merged-model\n",
         cfg.model.c_str(),
         r.output_dir.c_str(),
+        template_flag.c_str(),
         cfg.model.c_str(),
         r.output_dir.c_str());
   else
     std::printf(
-        "\nChat with it: orchard chat --model %s\n", r.output_dir.c_str());
+        "\nChat with it: orchard chat --model %s%s\n",
+        r.output_dir.c_str(),
+        template_flag.c_str());
   return 0;
 }
 

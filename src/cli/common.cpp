@@ -124,6 +124,15 @@ void add_model_flags(CLI::App* app, ModelFlags& flags) {
       "train stage=lora` run folder");
 }
 
+void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
+  app->add_option(
+         "--chat-template",
+         flags.chat_template,
+         "llama3|chatml|mistral|orchard: a built-in chat template instead of "
+         "the model folder's own")
+      ->check(CLI::IsMember({"llama3", "chatml", "mistral", "orchard"}));
+}
+
 std::string model_path(const ModelFlags& flags) {
   if (!flags.model_dir.empty())
     return flags.model_dir;
@@ -184,6 +193,7 @@ infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& d) {
   infer::LoadedModel out;
   out.model = model.ptr();
   out.tokenizer_dir = flags.model_dir;
+  out.chat_template = flags.chat_template;
   out.checkpoint_dir = flags.model_dir;
   return out;
 }

@@ -47,8 +47,11 @@ DeviceInfo select_device(
 struct ModelFlags {
   std::string stage, run, checkpoint;
   std::string model_dir, adapter;
+  std::string chat_template; // "": the folder's own; or a built-in family
 };
 void add_model_flags(CLI::App* app, ModelFlags& flags);
+// --chat-template, for the commands that render conversations.
+void add_chat_template_flag(CLI::App* app, ModelFlags& flags);
 // The run or checkpoint folder; UserError when neither or both are given.
 std::string model_path(const ModelFlags& flags);
 // The model the flags name, on `device` (Hugging Face models in bfloat16 on

@@ -70,8 +70,10 @@ ChatModel::ChatModel(LoadedModel model, torch::Device device)
     : loaded_(std::move(model)),
       tok_(std::make_unique<text::Tokenizer>(
           text::load_tokenizer(loaded_.tokenizer_dir))),
-      tmpl_(std::make_unique<text::ChatTemplate>(
-          text::open_chat_template(loaded_.tokenizer_dir, *tok_))),
+      tmpl_(std::make_unique<text::ChatTemplate>(text::open_chat_template(
+          loaded_.tokenizer_dir,
+          *tok_,
+          loaded_.chat_template))),
       engine_(loaded_.model, device) {
   for (auto id : tmpl_->stop_tokens())
     stop_.push_back(int64_t(id));

@@ -68,6 +68,8 @@ struct LoadedModel {
   std::string tokenizer_dir;
   std::string checkpoint_dir;
   int64_t step = 0;
+  // "": the tokenizer folder's own chat template; or a built-in family.
+  std::string chat_template;
 };
 LoadedModel load_trained_model(const std::string& run_or_checkpoint);
 

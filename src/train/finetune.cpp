@@ -108,6 +108,12 @@ const config::Schema& finetune_schema() {
          .access = field(&C::data_dir),
          .help = "where tokenized data is cached (\"\": $ORCHARD_HOME)"});
     s.add(
+        {.key = "chat_template",
+         .access = field(&C::chat_template),
+         .help = "how conversations are rendered: auto (the model folder's "
+                 "own Jinja template) or a built-in family",
+         .choices = {"auto", "llama3", "chatml", "mistral", "orchard"}});
+    s.add(
         {.key = "lora.r",
          .access = field(&C::lora_r),
          .help = "adapter rank (16)",
@@ -518,8 +524,8 @@ FinetuneResult run_finetune(
   pc.data_dir = cfg.data_dir;
   pc.chat_data = cfg.data;
   pc.max_seq_len = T;
-  ChatData chats =
-      prepare_chat_data(pc, cfg.model, [&](const std::string& s) { log(s); });
+  ChatData chats = prepare_chat_data(
+      pc, cfg.model, [&](const std::string& s) { log(s); }, cfg.chat_template);
   result.data_description = chats.description;
   result.chat_val = chats.val;
   auto train_file =

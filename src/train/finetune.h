@@ -33,6 +33,9 @@ struct FinetuneConfig {
   std::string model;             // a Hugging Face model folder
   std::vector<std::string> data; // JSONL files or folders
   std::string data_dir; // "": $ORCHARD_HOME (tokenized data is cached there)
+  // auto: the model folder's own Jinja chat template; or a built-in family
+  // (llama3, chatml, mistral, orchard) for a template Orchard cannot render.
+  std::string chat_template = "auto";
 
   int64_t lora_r = 16;
   double lora_alpha = 32;

@@ -65,7 +65,8 @@ void build_atomically(
 ChatData prepare_chat_data(
     const PretrainConfig& cfg,
     const std::string& tokenizer_dir,
-    const std::function<void(const std::string&)>& say) {
+    const std::function<void(const std::string&)>& say,
+    const std::string& chat_template) {
   const std::string home =
       cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir;
   std::vector<std::string> inputs;
@@ -91,7 +92,8 @@ ChatData prepare_chat_data(
   }
   const size_t max_length = size_t(cfg.max_seq_len) + 1;
   text::Tokenizer tok = text::load_tokenizer(tokenizer_dir);
-  text::ChatTemplate tmpl = text::open_chat_template(tokenizer_dir, tok);
+  text::ChatTemplate tmpl = text::open_chat_template(
+      tokenizer_dir, tok, chat_template == "auto" ? "" : chat_template);
   // The template's text and the rendering code's version are in the key:
   // a changed template, or a fix in how Orchard renders, re-tokenizes.
   const std::string dir = home + "/chats/" +

@@ -29,10 +29,13 @@ struct ChatData {
   std::string description;
 };
 
+// `chat_template`: "" or "auto" for the tokenizer folder's own template
+// (else the family its special tokens name), or a built-in family's name.
 ChatData prepare_chat_data(
     const PretrainConfig& cfg,
     const std::string& tokenizer_dir,
-    const std::function<void(const std::string&)>& say);
+    const std::function<void(const std::string&)>& say,
+    const std::string& chat_template = "auto");
 
 struct MidData {
   std::vector<std::string> train_shards, val_shards;

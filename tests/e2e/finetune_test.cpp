@@ -509,6 +509,54 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
        "data=" + data,
        "max_seq_length=64"},
       "chat_template.jinja:1: '{% macro %}' is not supported");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + v01,
+       "data=" + data,
+       "chat_template=zephyr"},
+      "one of auto|llama3|chatml|mistral|orchard");
+  // ... and chat_template= names a built-in family that renders instead.
+  auto builtin = run_orchard(
+      {"train",
+       "stage=lora",
+       "model=" + v01,
+       "data=" + data,
+       "max_seq_length=64",
+       "max_steps=1",
+       "chat_template=mistral",
+       "run_dir=" + tmp.file("builtin-run")},
+      {{"ORCHARD_HOME", tmp.file("home")}},
+      tmp.path().string());
+  EXPECT_EQ(builtin.exit_code, 0) << builtin.out << builtin.err;
+  EXPECT_NE(builtin.out.find("(template: mistral)"), std::string::npos)
+      << builtin.out;
+  EXPECT_NE(
+      builtin.out.find(
+          "--adapter " + tmp.file("builtin-run") +
+          "/adapter --chat-template mistral"),
+      std::string::npos)
+      << builtin.out;
+  // `orchard chat` on that folder: the same choice, or the same error.
+  auto chat = chat_once(v01, tmp.file("builtin-run"), "hi", 2, {});
+  EXPECT_EQ(chat.exit_code, 2) << chat.out << chat.err;
+  EXPECT_NE(chat.err.find("'{% macro %}' is not supported"), std::string::npos)
+      << chat.err;
+  chat = run_orchard(
+      {"chat",
+       "--model",
+       v01,
+       "--adapter",
+       tmp.file("builtin-run"),
+       "-p",
+       "hi",
+       "--max-new-tokens",
+       "2",
+       "--device",
+       "cpu",
+       "--chat-template",
+       "mistral"});
+  EXPECT_EQ(chat.exit_code, 0) << chat.out << chat.err;
   expect_error({"plan", "stage=lora"}, "plans for model=DIR");
   expect_error(
       {"train",
