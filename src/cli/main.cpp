@@ -3,6 +3,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/memory_stats.h"
 #include "core/version.h"
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 
 int main(int argc, char** argv) {
   using namespace orchard;
+  fix_host_allocator();
   CLI::App app{
       "Orchard trains and fine-tunes language models on the machine you have "
       "(CUDA, Apple Silicon, or CPU)."};

@@ -1,5 +1,9 @@
 #include "core/memory_stats.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "core/torch_compat.h"
 
 #include <sys/resource.h>
@@ -77,6 +81,15 @@ bool is_out_of_memory(const c10::Error& e) {
   const std::string m = e.what_without_backtrace();
   return m.find("out of memory") != std::string::npos ||
       m.find("Out of memory") != std::string::npos;
+}
+
+void fix_host_allocator() {
+#if defined(__GLIBC__)
+  // Setting the threshold also turns off glibc's dynamic adjustment of it
+  // (mallopt(3)); 4 MB keeps small tensors and buffers on the heap.
+  constexpr int kMmapThreshold = 4 << 20;
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+#endif
 }
 
 bool reset_peak_memory(const c10::Device& device) {

@@ -22,6 +22,13 @@ struct MemoryReading {
 
 MemoryReading read_memory(const c10::Device& device);
 
+// Makes host memory use repeatable (glibc): blocks of 4 MB and more are
+// mapped and unmapped on their own instead of glibc raising its threshold as
+// the run frees large blocks, which left the resident set of the same step
+// 25 % higher or lower depending on what the process had done before. The
+// planner's CPU figures and `plan --probe` rely on it; main() calls it.
+void fix_host_allocator();
+
 // Starts a new peak from the current value (where the device allows it;
 // returns false where it cannot, e.g. RSS on macOS).
 bool reset_peak_memory(const c10::Device& device);

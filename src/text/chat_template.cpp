@@ -225,8 +225,14 @@ std::string ChatTemplate::describe() const {
   return model_ ? model_->origin() : chat_family_name(family_);
 }
 
-std::string ChatTemplate::fingerprint() const {
-  return model_ ? "model:" + model_->source() : chat_family_name(family_);
+std::string chat_template_fingerprint(
+    const std::string& dir,
+    const std::string& family) {
+  if (!family.empty())
+    return "family:" + family;
+  if (auto file = read_chat_template(dir))
+    return "model:" + file->text;
+  return "detected"; // from the tokenizer's special tokens: the dir decides
 }
 
 void ChatTemplate::define(const std::string& name, const std::string& value) {

@@ -83,8 +83,6 @@ class ChatTemplate {
   }
   // "llama3", ..., or "<folder>/tokenizer_config.json's chat_template".
   std::string describe() const;
-  // Changes whenever the rendering would: the family, or the template text.
-  std::string fingerprint() const;
   // A variable the model's template reads, as apply_chat_template's kwargs
   // (date_string for Llama 3.x). Ignored by the built-in families.
   void define(const std::string& name, const std::string& value);
@@ -103,6 +101,11 @@ class ChatTemplate {
 ChatTemplate open_chat_template(
     const std::string& tokenizer_dir,
     const Tokenizer& tok,
+    const std::string& family = "");
+// What open_chat_template would render with, as a cache key: `family`, or
+// the folder's template text, without loading the tokenizer.
+std::string chat_template_fingerprint(
+    const std::string& tokenizer_dir,
     const std::string& family = "");
 
 } // namespace orchard::text

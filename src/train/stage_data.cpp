@@ -91,19 +91,22 @@ ChatData prepare_chat_data(
         " chat file(s) (every 20th conversation validates)";
   }
   const size_t max_length = size_t(cfg.max_seq_len) + 1;
-  text::Tokenizer tok = text::load_tokenizer(tokenizer_dir);
-  text::ChatTemplate tmpl = text::open_chat_template(
-      tokenizer_dir, tok, chat_template == "auto" ? "" : chat_template);
+  const std::string family = chat_template == "auto" ? "" : chat_template;
   // The template's text and the rendering code's version are in the key:
-  // a changed template, or a fix in how Orchard renders, re-tokenizes.
+  // a changed template, or a fix in how Orchard renders, re-tokenizes. (The
+  // tokenizer is loaded only when there is tokenizing to do: it is most of
+  // a small run's memory.)
   const std::string dir = home + "/chats/" +
       cache_key(files_key(inputs) + fs::absolute(tokenizer_dir).string() + "|" +
                 std::to_string(max_length) + "|" + kChatRendering + "|" +
-                tmpl.fingerprint());
+                text::chat_template_fingerprint(tokenizer_dir, family));
   d.train = dir + "/train.chat";
   d.val = dir + "/val.chat";
   if (chat_file_intact(d.train) && chat_file_intact(d.val))
     return d;
+  text::Tokenizer tok = text::load_tokenizer(tokenizer_dir);
+  text::ChatTemplate tmpl =
+      text::open_chat_template(tokenizer_dir, tok, family);
   say("Tokenizing " + d.description + " into " + dir +
       " (template: " + tmpl.describe() + ")...");
   build_atomically(dir, [&](const std::string& tmp) {
