@@ -29,7 +29,7 @@ std::string chat_template_of(
     const text::Tokenizer& tok) {
   try {
     auto t = text::open_chat_template(path, tok);
-    return t.family() == text::ChatFamily::Model
+    return t.own_template()
         ? t.describe() + " (the model's Jinja template)"
         : text::chat_family_name(t.family()) + " (built-in)";
   } catch (const UserError& e) {

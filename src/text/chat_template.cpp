@@ -109,8 +109,6 @@ std::string chat_family_name(ChatFamily f) {
       return "chatml";
     case ChatFamily::Mistral:
       return "mistral";
-    case ChatFamily::Model:
-      return "model";
   }
   return "?";
 }
@@ -120,9 +118,11 @@ std::optional<TemplateFile> read_chat_template(const std::string& dir) {
   if (!fs::is_directory(dir))
     return std::nullopt;
   fs::path config = fs::path(dir) / "tokenizer_config.json";
-  std::string tmpl, file = config.string();
+  std::string tmpl, file = config.string(), bos, eos;
   if (fs::exists(config)) {
     auto j = read_json(config);
+    bos = token_text(j, "bos_token");
+    eos = token_text(j, "eos_token");
     if (j.contains("chat_template") && j["chat_template"].is_string())
       tmpl = j["chat_template"];
     else if (j.contains("chat_template") && j["chat_template"].is_array())
@@ -139,7 +139,7 @@ std::optional<TemplateFile> read_chat_template(const std::string& dir) {
   }
   if (tmpl.empty())
     return std::nullopt;
-  return TemplateFile{tmpl, file};
+  return TemplateFile{tmpl, file, bos, eos};
 }
 
 ChatFamily detect_chat_family(const std::string& dir, const Tokenizer& tok) {
@@ -199,10 +199,6 @@ ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer& tok)
     case ChatFamily::Mistral:
       needed = {"<s>", "</s>"};
       break;
-    case ChatFamily::Model:
-      throw UserError(
-          "chat_template=model names the folder's own template; open it "
-          "with the folder.");
   }
   for (const auto& s : needed)
     if (!tok.special_id(s))
@@ -219,7 +215,7 @@ ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer& tok)
 ChatTemplate::ChatTemplate(
     std::shared_ptr<ModelTemplate> model,
     const Tokenizer& tok)
-    : family_(ChatFamily::Model), tok_(tok), model_(std::move(model)) {}
+    : family_(ChatFamily::Orchard), tok_(tok), model_(std::move(model)) {}
 
 std::string ChatTemplate::describe() const {
   return model_ ? model_->origin() : chat_family_name(family_);
@@ -249,17 +245,9 @@ ChatTemplate open_chat_template(
   auto source = read_chat_template(dir);
   if (!source)
     return ChatTemplate(detect_chat_family(dir, tok), tok);
-  namespace fs = std::filesystem;
-  fs::path config = fs::path(dir) / "tokenizer_config.json";
-  std::string bos, eos;
-  if (fs::exists(config)) {
-    auto j = read_json(config);
-    bos = token_text(j, "bos_token");
-    eos = token_text(j, "eos_token");
-  }
   return ChatTemplate(
       std::make_shared<ModelTemplate>(
-          source->text, source->file, bos, eos, tok),
+          source->text, source->file, source->bos, source->eos, tok),
       tok);
 }
 
@@ -346,8 +334,6 @@ Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
       }
       break;
     }
-    case ChatFamily::Model:
-      break; // rendered above
   }
   return b.done();
 }
@@ -376,7 +362,6 @@ std::vector<TokenId> ChatTemplate::generation_prompt(
       b.text("assistant\n", 0);
       break;
     case ChatFamily::Mistral:
-    case ChatFamily::Model:
       break; // the prompt ends with [/INST]
   }
   return b.done().ids;
@@ -397,7 +382,6 @@ std::vector<TokenId> ChatTemplate::stop_tokens() const {
       names = {"<|im_end|>", "<|endoftext|>"};
       break;
     case ChatFamily::Mistral:
-    case ChatFamily::Model:
       names = {"</s>"};
       break;
   }

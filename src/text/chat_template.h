@@ -33,8 +33,7 @@ struct Message {
   std::string content;
 };
 
-// Model: the tokenizer folder's own Jinja chat template.
-enum class ChatFamily { Orchard, Llama3, ChatML, Mistral, Model };
+enum class ChatFamily { Orchard, Llama3, ChatML, Mistral };
 
 class ModelTemplate;
 
@@ -57,6 +56,8 @@ ChatFamily detect_chat_family(
 struct TemplateFile {
   std::string text;
   std::string file; // where it was read from
+  // tokenizer_config.json's bos_token / eos_token ("" when it has none).
+  std::string bos, eos;
 };
 // The Jinja chat template of a tokenizer folder (tokenizer_config.json's
 // chat_template, or chat_template.jinja), nullopt when it has none.
@@ -67,7 +68,7 @@ class ChatTemplate {
  public:
   // UserError when `tok` lacks a special token the family needs.
   ChatTemplate(ChatFamily family, const Tokenizer& tok);
-  // The model's own template (ChatFamily::Model).
+  // The model folder's own template.
   ChatTemplate(std::shared_ptr<ModelTemplate> model, const Tokenizer& tok);
   // UserError for an unknown role or an empty conversation.
   Rendered render(const std::vector<Message>& messages) const;
@@ -78,8 +79,13 @@ class ChatTemplate {
       const std::vector<Message>& messages) const;
   // Tokens that end the assistant's turn (generation stops at them).
   std::vector<TokenId> stop_tokens() const;
+  // The built-in family; meaningless when own_template().
   ChatFamily family() const {
     return family_;
+  }
+  // Rendering the model folder's own Jinja template.
+  bool own_template() const {
+    return model_ != nullptr;
   }
   // "llama3", ..., or "<folder>/tokenizer_config.json's chat_template".
   std::string describe() const;

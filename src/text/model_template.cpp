@@ -27,6 +27,32 @@ bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
+// The eos token, the turn-ending tokens the template writes, and document
+// ends.
+std::vector<TokenId> template_stops(
+    const Tokenizer& tok,
+    const std::string& source,
+    const std::string& eos) {
+  std::vector<TokenId> out;
+  auto add = [&](const std::string& name) {
+    if (auto id = tok.special_id(name))
+      if (std::find(out.begin(), out.end(), *id) == out.end())
+        out.push_back(*id);
+  };
+  if (!eos.empty())
+    add(eos);
+  for (const char* end : kTurnEnds)
+    if (source.find(end) != std::string::npos)
+      add(end);
+  // Document ends stop generation whatever the template: a base model's
+  // eos (</s>, <|end_of_text|>, <|endoftext|>).
+  for (auto id : tok.document_ends())
+    if (std::find(out.begin(), out.end(), id) == out.end())
+      out.push_back(id);
+  add("<|endoftext|>");
+  return out;
+}
+
 // transformers passes strftime_now(format) to templates: the local time.
 jinja::Value strftime_now() {
   return jinja::Value::function([](jinja::List& args, jinja::Pairs&) {
@@ -53,7 +79,8 @@ ModelTemplate::ModelTemplate(
       bos_(std::move(bos)),
       eos_(std::move(eos)),
       tmpl_(source, origin_),
-      tok_(tok) {
+      tok_(tok),
+      stops_(template_stops(tok, source, eos_)) {
   for (const auto& [text, id] : tok.special_tokens())
     if (!text.empty())
       specials_[static_cast<unsigned char>(text[0])].emplace_back(text, id);
@@ -124,7 +151,7 @@ Rendered ModelTemplate::render(
     std::fill(content.begin() + sp.begin, content.begin() + sp.end, 1);
     written[sp.tag] = written[sp.tag] || sp.end > sp.begin;
   }
-  const auto ends = stop_tokens();
+  const auto& ends = stops_;
   for (const auto& sp : out.spans) {
     if (messages[sp.tag].role != "assistant")
       continue;
@@ -233,27 +260,6 @@ void ModelTemplate::encode_stretch(
     out.mask.resize(out.ids.size(), trained[x]);
     x = y;
   }
-}
-
-std::vector<TokenId> ModelTemplate::stop_tokens() const {
-  std::vector<TokenId> out;
-  auto add = [&](const std::string& name) {
-    if (auto id = tok_.special_id(name))
-      if (std::find(out.begin(), out.end(), *id) == out.end())
-        out.push_back(*id);
-  };
-  if (!eos_.empty())
-    add(eos_);
-  for (const char* end : kTurnEnds)
-    if (source_.find(end) != std::string::npos)
-      add(end);
-  // Document ends stop generation whatever the template: a base model's
-  // eos (</s>, <|end_of_text|>, <|endoftext|>).
-  for (auto id : tok_.document_ends())
-    if (std::find(out.begin(), out.end(), id) == out.end())
-      out.push_back(id);
-  add("<|endoftext|>");
-  return out;
 }
 
 } // namespace orchard::text

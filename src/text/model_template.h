@@ -45,7 +45,9 @@ class ModelTemplate {
   Rendered render(
       const std::vector<Message>& messages,
       bool add_generation_prompt) const;
-  std::vector<TokenId> stop_tokens() const;
+  const std::vector<TokenId>& stop_tokens() const {
+    return stops_;
+  }
   const std::string& source() const {
     return source_;
   }
@@ -73,6 +75,7 @@ class ModelTemplate {
   std::string source_, origin_, bos_, eos_;
   jinja::Template tmpl_;
   const Tokenizer& tok_;
+  std::vector<TokenId> stops_;
   jinja::Pairs defined_;
   size_t prompt_blanks_ = 0;
   // Special tokens by their first byte, longest first.
