@@ -108,11 +108,14 @@ void BatchEngine::loop() {
 
 void BatchEngine::finish(size_t index, const std::string& reason) {
   auto request = slots_[index]->request;
+  slots_.erase(slots_.begin() + int64_t(index));
+  // The slot is free before the request counts as cancelled, so /health
+  // never shows a cancelled request still active.
+  active_ = slots_.size();
   if (reason == "cancelled") {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.cancelled;
   }
-  slots_.erase(slots_.begin() + int64_t(index));
   if (!cache_.k.empty()) {
     if (slots_.empty()) {
       cache_.k.clear();
