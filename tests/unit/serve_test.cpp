@@ -447,6 +447,24 @@ TEST(Serve, AClientThatLeavesMidStreamFreesItsSlot) {
   ServerFixture f(serve::ServeOptions{}, /*max_seq=*/2048);
   auto body = chat_body(2000, true);
   body["temperature"] = 1.0;
+  // A seed under which the reply runs far past the moment the client
+  // leaves: with the server's time-based seed the random model sometimes
+  // wrote its end-of-turn token first, and the request ended as "stop".
+  const auto prompt = f.chat->prompt_ids(
+      {{"system", "Be brief."}, {"user", "What does tree mean?"}});
+  infer::SamplingOptions probe;
+  probe.temperature = 1.0;
+  probe.top_k = 0;
+  probe.max_new_tokens = 600;
+  probe.stop_tokens = f.chat->stop_tokens();
+  auto talks_on = [&](uint64_t seed) {
+    probe.seed = seed;
+    return f.chat->engine().generate(prompt, probe).size() == 600;
+  };
+  uint64_t seed = 1;
+  while (!talks_on(seed))
+    ASSERT_LT(++seed, 200u) << "no seed keeps the random model talking";
+  body["seed"] = seed;
   const std::string payload = body.dump();
   // A raw connection: send the request, read the first bytes of the
   // stream, hang up.
