@@ -10,6 +10,11 @@
 #           sequence 1024 and 2048; greedy generation 128 + 256 tokens)
 #   profile one traced step of each at 1024 and 2048, GPU kernels summed by
 #           bench/trace_summary.py (traces left in $OUT)
+#   probe   `orchard plan --probe --json` on that model: LoRA (bf16, 4-bit,
+#           without checkpointing) and full fine-tuning at 1024 and 2048,
+#           micro-batch 1 and 2 (and the preset, with its lora.dropout),
+#           measured beside the planner's prediction
+#           ($OUT/probe.jsonl, one plan per line)
 set -uo pipefail
 OUT="${OUT:-/tmp/orchard-out}"
 mkdir -p "$OUT"
@@ -60,6 +65,29 @@ with open("/tmp/chat.jsonl", "w") as f:
 PY
   (cd /tmp && $OLDPWD/build-cuda/orchard train stage=lora model=$OLDPWD/tests/fixtures/hf/llama data=/tmp/chat.jsonl max_steps=10 max_seq_length=64 save_steps=5 2>&1 | tail -12) || status=1
   (cd /tmp && $OLDPWD/build-cuda/orchard chat --model $OLDPWD/tests/fixtures/hf/llama --adapter runs/lora/llama -p "what is a fox?" --max-new-tokens 6 2>&1 | tail -3) || status=1
+fi
+if [ "$mode" = probe ]; then
+  cmake --build build-cuda -j16 --target orchard > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -30; exit 1; }
+  M=/tmp/llama-3.2-3b-shape
+  [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  for args in "stage=lora max_seq_length=1024" "stage=lora max_seq_length=2048" \
+      "stage=lora max_seq_length=1024 load_in_4bit=true" \
+      "stage=lora max_seq_length=2048 load_in_4bit=true" \
+      "stage=lora max_seq_length=1024 gradient_checkpointing=false" \
+      "--preset lora-llama-3.2-3b max_seq_length=1024" \
+      "--preset lora-llama-3.2-3b max_seq_length=2048" \
+      "stage=full max_seq_length=1024"; do
+    ./build-cuda/orchard plan $args model=$M per_device_train_batch_size=1 \
+        --probe --json 2> "$OUT/probe-err.log" | python3 -c '
+import json, sys
+text = sys.stdin.read()
+j = json.loads(text[text.index("{"):])
+print(json.dumps(j))
+for p in j.get("probe", []):
+    print(sys.argv[1], p["batch"], "measured %.0f MB predicted %.0f MB (%+.1f %%)" % (p.get("measured_bytes", 0) / 1e6, p.get("predicted_bytes", 0) / 1e6, p.get("error_percent", 0)) if "measured_bytes" in p else p, file=sys.stderr)
+' "$args" >> "$OUT/probe.jsonl" || { status=1; tail -5 "$OUT/probe-err.log"; }
+  done
 fi
 if [ "$mode" = bench ]; then
   cmake --build build-cuda -j16 --target orchard_bench_lora > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -30; exit 1; }

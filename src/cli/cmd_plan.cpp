@@ -13,6 +13,7 @@
 #include "train/pretrain.h"
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 namespace orchard::cli {
@@ -26,8 +27,60 @@ struct PlanState {
   bool json = false, probe = false;
 };
 
+// --probe: for each micro-batch (measure(i) for batches[i]), the measured peak
+// of real training steps beside the prediction, or the out-of-memory error that
+// ended them. Lines are printed as they come (text), or returned for the JSON
+// (`json`).
+nlohmann::json run_probes(
+    const std::vector<int64_t>& batches,
+    const std::function<std::pair<double, double>(size_t)>& measure,
+    bool json) {
+  nlohmann::json out = nlohmann::json::array();
+  if (!json)
+    std::printf("\nProbe (two real training steps each):\n");
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int64_t b = batches[i];
+    try {
+      const auto [measured, predicted] = measure(i);
+      const double error = 100.0 * (predicted - measured) / measured;
+      out.push_back(
+          {{"batch", b},
+           {"measured_bytes", measured},
+           {"predicted_bytes", predicted},
+           {"error_percent", error}});
+      if (!json)
+        std::printf(
+            "  batch %lld: measured %s, predicted %s (%+.1f %%)\n",
+            (long long)b,
+            train::format_mb(measured).c_str(),
+            train::format_mb(predicted).c_str(),
+            error);
+    } catch (const c10::Error& e) {
+      if (!is_out_of_memory(e))
+        throw;
+      const std::string what =
+          std::string(e.what_without_backtrace()).substr(0, 120);
+      out.push_back({{"batch", b}, {"out_of_memory", what}});
+      if (!json)
+        std::printf(
+            "  batch %lld: out of memory (%s)\n", (long long)b, what.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return out;
+}
+
+void refuse_simulated_probe(const MachineFacts& m) {
+  if (m.simulated)
+    throw UserError(
+        "--probe runs on this machine's device; it cannot measure "
+        "an assumed one (drop --assume-device).");
+}
+
 // stage=lora|full: the fine-tuning estimate for the model's config.json
-// (the weights are not read, so a 16 GB Mac can be planned anywhere).
+// (the weights are not read, so a 16 GB Mac can be planned anywhere);
+// --probe loads them and trains two steps at the chosen micro-batch and the
+// next one up.
 int plan_finetune_command(const PlanState& st) {
   train::FinetuneConfig cfg;
   config::resolve(train::finetune_schema(), &cfg, sources_of(st.config));
@@ -36,15 +89,23 @@ int plan_finetune_command(const PlanState& st) {
         "stage=" + cfg.stage +
         " plans for model=DIR: give the model folder (only its "
         "config.json is read).");
-  if (st.probe)
-    throw UserError(
-        "--probe measures base training only; drop it for stage=" + cfg.stage +
-        ".");
   const models::HfModelConfig mc = models::read_hf_config(cfg.model);
   MachineFacts m = machine_for(st.device);
   DeviceInfo d = select_device(st.device, m);
+  if (st.probe)
+    refuse_simulated_probe(m);
   const auto dtype = train::finetune_dtype(cfg, d);
   auto plan = train::plan_finetune(mc, cfg, dtype, d);
+  std::vector<int64_t> sizes = {plan.choice.batch};
+  for (const auto& r : plan.rows)
+    if (r.batch > plan.choice.batch) {
+      sizes.push_back(r.batch);
+      break;
+    }
+  auto measure = [&](size_t i) {
+    auto r = train::measure_finetune_peak(cfg, d, sizes[i]);
+    return std::pair{r.measured, r.predicted.total()};
+  };
   const char* dname = dtype == torch::kBFloat16 ? "bfloat16"
       : dtype == torch::kFloat16                ? "float16"
                                                 : "float32";
@@ -70,6 +131,8 @@ int plan_finetune_command(const PlanState& st) {
           {"total_bytes", plan.choice.memory.total()},
           {"fits", plan.choice.fits}}},
         {"why", plan.why}};
+    if (st.probe)
+      j["probe"] = run_probes(sizes, measure, /*json=*/true);
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(
@@ -82,6 +145,8 @@ int plan_finetune_command(const PlanState& st) {
         (long long)cfg.max_seq_length,
         cfg.gradient_checkpointing ? ", gradient checkpointing" : "");
     std::printf("%s", train::finetune_plan_table(plan).c_str());
+    if (st.probe)
+      run_probes(sizes, measure, /*json=*/false);
   }
   return plan.choice.fits ? 0 : 1;
 }
@@ -111,10 +176,8 @@ Command register_plan(CLI::App& root) {
         config::resolve(pretrain_schema(), &cfg, sources_of(st->config));
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        if (st->probe && m.simulated)
-          throw UserError(
-              "--probe runs on this machine's device; it cannot measure "
-              "an assumed one (drop --assume-device).");
+        if (st->probe)
+          refuse_simulated_probe(m);
         // The vocabulary: the given tokenizer's, or the size Orchard
         // trains for pretraining data.
         int64_t vocab = int64_t(train::kDefaultVocabSize);
@@ -124,9 +187,32 @@ Command register_plan(CLI::App& root) {
         train::Precision precision = train::resolve_precision(cfg.dtype, d);
         train::PlanSettings ps = train::plan_settings(cfg, precision, d);
         auto plan = train::plan_for(cfg, mc, precision, d);
+        // --probe: the chosen size and the next one up.
+        std::vector<train::PlanCandidate> sizes;
+        if (st->probe && plan.choice) {
+          sizes.push_back(*plan.choice);
+          for (const auto& c : plan.candidates)
+            if (c.checkpointing == plan.choice->checkpointing &&
+                c.batch > plan.choice->batch) {
+              sizes.push_back(c);
+              break;
+            }
+        }
+        std::vector<int64_t> batches;
+        for (const auto& c : sizes)
+          batches.push_back(c.batch);
+        auto measure = [&](size_t i) {
+          const train::PlanCandidate& c = sizes[i];
+          train::PlanSettings s = ps;
+          s.gradient_checkpointing = c.checkpointing;
+          auto r = train::measure_step_peak(mc, s, c.batch, c.accum, d.device);
+          return std::pair{r.measured, r.predicted};
+        };
         if (st->json) {
-          std::printf(
-              "%s\n", train::plan_json(plan, cfg.max_seq_len).dump(2).c_str());
+          auto j = train::plan_json(plan, cfg.max_seq_len);
+          if (!batches.empty())
+            j["probe"] = run_probes(batches, measure, /*json=*/true);
+          std::printf("%s\n", j.dump(2).c_str());
         } else {
           std::printf(
               "Model: %s, %lld parameters, %lld tokens per sequence, %s, "
@@ -137,39 +223,8 @@ Command register_plan(CLI::App& root) {
               precision.name.c_str(),
               cfg.optimizer == "muon" ? "Muon + AdamW" : "AdamW");
           std::printf("%s", train::plan_table(plan, cfg.max_seq_len).c_str());
-        }
-        if (st->probe && plan.choice) {
-          std::vector<train::PlanCandidate> sizes = {*plan.choice};
-          for (const auto& c : plan.candidates)
-            if (c.checkpointing == plan.choice->checkpointing &&
-                c.batch > plan.choice->batch) {
-              sizes.push_back(c);
-              break;
-            }
-          std::printf("\nProbe (two real training steps each):\n");
-          for (const auto& c : sizes) {
-            train::PlanSettings s = ps;
-            s.gradient_checkpointing = c.checkpointing;
-            try {
-              auto r =
-                  train::measure_step_peak(mc, s, c.batch, c.accum, d.device);
-              std::printf(
-                  "  batch %lld: measured %s, predicted %s (%+.1f %%)\n",
-                  (long long)c.batch,
-                  train::format_mb(r.measured).c_str(),
-                  train::format_mb(r.predicted).c_str(),
-                  100.0 * (r.predicted - r.measured) / r.measured);
-            } catch (const c10::Error& e) {
-              if (!is_out_of_memory(e))
-                throw;
-              std::printf(
-                  "  batch %lld: out of memory (%s)\n",
-                  (long long)c.batch,
-                  std::string(e.what_without_backtrace())
-                      .substr(0, 120)
-                      .c_str());
-            }
-          }
+          if (!batches.empty())
+            run_probes(batches, measure, /*json=*/false);
         }
         return plan.choice && plan.choice->fits ? 0 : 1;
       }};

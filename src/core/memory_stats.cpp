@@ -92,6 +92,13 @@ void fix_host_allocator() {
 #endif
 }
 
+void trim_host_heap(const c10::Device& device) {
+#if defined(__GLIBC__)
+  if (device.is_cpu())
+    malloc_trim(0);
+#endif
+}
+
 bool reset_peak_memory(const c10::Device& device) {
   if (device.is_cuda()) {
 #if defined(ORCHARD_WITH_CUDA)

@@ -29,6 +29,11 @@ MemoryReading read_memory(const c10::Device& device);
 // planner's CPU figures and `plan --probe` rely on it; main() calls it.
 void fix_host_allocator();
 
+// On the CPU (glibc), hands memory freed by earlier work back to the
+// system, so the resident set starts from what is really in use; a no-op
+// elsewhere.
+void trim_host_heap(const c10::Device& device);
+
 // Starts a new peak from the current value (where the device allows it;
 // returns false where it cannot, e.g. RSS on macOS).
 bool reset_peak_memory(const c10::Device& device);

@@ -2,11 +2,14 @@
 
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/memory_stats.h"
 #include "core/progress.h"
+#include "core/torch_compat.h"
 #include "data/chat_file.h"
 #include "data/loader.h"
 #include "models/lora.h"
 #include "train/memory_plan.h"
+#include "train/memory_probe.h"
 #include "train/precision.h"
 #include "train/pretrain.h"
 #include "train/stage_data.h"
@@ -331,6 +334,87 @@ torch::ScalarType finetune_dtype(
   return torch::kFloat32;
 }
 
+namespace {
+
+// How a run computes: stage=lora in the base's dtype (no autocast; float16
+// activations need loss scaling), stage=full under autocast.
+Precision finetune_precision(
+    const FinetuneConfig& cfg,
+    const DeviceInfo& device,
+    torch::ScalarType dtype) {
+  if (cfg.stage != "lora")
+    return resolve_precision(
+        cfg.fp16       ? "float16"
+            : cfg.bf16 ? "bfloat16"
+                       : cfg.dtype,
+        device);
+  Precision precision;
+  precision.compute = torch::kFloat32;
+  precision.loss_scaling = dtype == torch::kFloat16;
+  precision.name = (cfg.load_in_4bit ? "4-bit NF4 base (frozen, computing in " +
+                            dtype_label(dtype) + ")"
+                                     : dtype_label(dtype) + " base (frozen)") +
+      ", float32 adapters";
+  precision.why = cfg.dtype == "auto" && !cfg.fp16 && !cfg.bf16
+      ? "auto: " + device.kind
+      : "asked for";
+  return precision;
+}
+
+// The model a run trains, loaded as `cfg` says (the base in `dtype` or 4
+// bits with LoRA added for stage=lora, float32 for stage=full), in train
+// mode, with the parameters the optimizer updates.
+struct TrainedModel {
+  models::Llama model{nullptr};
+  std::vector<std::pair<std::string, torch::Tensor>> trained;
+  int64_t parameters = 0, trainable = 0;
+};
+
+TrainedModel load_trained_model(
+    const FinetuneConfig& cfg,
+    torch::ScalarType dtype,
+    const torch::Device& dev) {
+  const bool lora = cfg.stage == "lora";
+  models::LoadOptions lo;
+  lo.device = dev;
+  lo.dtype = lora ? dtype : torch::kFloat32;
+  lo.context = cfg.max_seq_length;
+  lo.load_in_4bit = lora && cfg.load_in_4bit;
+  TrainedModel t;
+  t.model = models::load_hf_model(cfg.model, lo);
+  t.model->gradient_checkpointing = cfg.gradient_checkpointing;
+  if (lora)
+    t.model->add_lora(lora_spec(cfg), torch::kFloat32);
+  t.model->train();
+  for (const auto& p : t.model->named_parameters()) {
+    t.parameters += p.value().numel();
+    if (p.value().requires_grad()) {
+      t.trained.push_back({p.key(), p.value()});
+      t.trainable += p.value().numel();
+    }
+  }
+  return t;
+}
+
+Optimizers finetune_optimizers(
+    const FinetuneConfig& cfg,
+    std::vector<std::pair<std::string, torch::Tensor>> trained) {
+  const bool lora = cfg.stage == "lora";
+  std::vector<ParamGroup> groups = {
+      {.name = lora ? "adapters" : "weights",
+       .params = std::move(trained),
+       .lr = cfg.learning_rate.value_or(lora ? 2e-4 : 1e-5),
+       .weight_decay = cfg.weight_decay,
+       .muon = false}};
+  OptimizerOptions oo;
+  oo.adam_beta1 = cfg.adam_beta1;
+  oo.adam_beta2 = cfg.adam_beta2;
+  oo.adam_eps = cfg.adam_epsilon;
+  return Optimizers(std::move(groups), oo);
+}
+
+} // namespace
+
 FinetuneMemory finetune_memory(
     const models::HfModelConfig& m,
     const FinetuneConfig& cfg,
@@ -364,20 +448,30 @@ FinetuneMemory finetune_memory(
   r.optimizer = trained * 8;
   // Per token and layer, what the backward keeps: the norms' float32
   // inputs, q/k/v and their rotations, attention output, the MLP's four
-  // intermediate vectors; LoRA adds its float32 copies of each input.
+  // intermediate vectors; LoRA with dropout adds each adapter's dropped
+  // input and its mask. (Float32 adapters on a half base share the base's
+  // inputs; without dropout they keep only rank-r products.) One layer's
+  // backward adds two MLP-wide temporaries. Against `orchard plan --probe`
+  // on one H100 (Llama 3.2 3B's shape, LoRA, bf16): 1024-4096 tokens a
+  // micro-batch, 334 KB a token measured with checkpointing, 344 KB here.
   const double kv = double(m.num_key_value_heads * m.head_dim);
   const double layer = (2 * C * 4) + (4 * C + 4 * kv) * act_b + 5 * I * act_b +
-      (lora ? (6 * C + I) * 4 : 0.0);
+      (lora && cfg.lora_dropout > 0 ? (6 * C + I) * (act_b + 1) : 0.0);
+  const double backward = 2 * I * act_b;
   const double tokens = double(B) * T;
   r.activations = cfg.gradient_checkpointing
-      ? tokens * (L * C * act_b + layer) // layer inputs + one recomputed
-      : tokens * L * layer;
+      ? tokens * (L * C * act_b + layer + backward) // inputs + one layer
+      : tokens * (L * layer + backward);
   // The loss: chunks of 2^24 logits in float32 (logits, softmax, gradient)
   // plus the final hidden states in float32.
   const double rows =
       std::min(tokens, std::floor(double(1 << 24) / double(m.vocab_size)));
   r.logits = rows * double(m.vocab_size) * (act_b + 12) + tokens * C * 4;
-  r.workspace = 0.05 * r.weights + 256.0 * (1 << 20);
+  // Full fine-tuning: the optimizer step's temporaries and allocator
+  // slack (within 0.5 % of the H100's peak for the 3B shape). LoRA's step
+  // touches only the adapters: a twentieth of them and cuBLAS's workspace.
+  r.workspace = lora ? 0.05 * r.trainable + 64.0 * (1 << 20)
+                     : 0.05 * r.weights + 256.0 * (1 << 20);
   return r;
 }
 
@@ -452,6 +546,36 @@ std::string finetune_plan_table(const FinetunePlan& p) {
   return s;
 }
 
+FinetuneProbe measure_finetune_peak(
+    const FinetuneConfig& cfg,
+    const DeviceInfo& device,
+    int64_t batch) {
+  const torch::Device dev = device.device;
+  const models::HfModelConfig mc = models::read_hf_config(cfg.model);
+  const torch::ScalarType dtype = finetune_dtype(cfg, device);
+  const Precision precision = finetune_precision(cfg, device, dtype);
+  const int64_t T = cfg.max_seq_length;
+  const uint64_t base = probe_baseline(dev);
+  uint64_t peak = 0;
+  {
+    torch::manual_seed(uint64_t(cfg.seed));
+    TrainedModel t = load_trained_model(cfg, dtype, dev);
+    Optimizers optimizers = finetune_optimizers(cfg, std::move(t.trained));
+    auto x = torch::randint(0, mc.vocab_size, {batch, T}, torch::kLong).to(dev);
+    auto y = torch::randint(0, mc.vocab_size, {batch, T}, torch::kLong).to(dev);
+    peak = peak_of_two_steps(
+        [&] { return t.model->loss(x, y); },
+        optimizers,
+        cfg.gradient_accumulation_steps,
+        precision.compute,
+        dev);
+  }
+  FinetuneProbe r;
+  r.measured = double(peak > base ? peak - base : 0);
+  r.predicted = finetune_memory(mc, cfg, dtype, batch);
+  return r;
+}
+
 FinetuneResult run_finetune(
     const FinetuneConfig& cfg,
     const config::Origins& origins,
@@ -470,27 +594,7 @@ FinetuneResult run_finetune(
         "{\"messages\": [...]}, {\"prompt\", \"completion\"} or {\"text\"}.");
   models::HfModelConfig mc = models::read_hf_config(cfg.model);
   const torch::ScalarType dtype = finetune_dtype(cfg, device);
-  Precision precision;
-  if (lora) {
-    // The model computes in its weights' dtype (no autocast); float16
-    // activations need loss scaling.
-    precision.compute = torch::kFloat32;
-    precision.loss_scaling = dtype == torch::kFloat16;
-    precision.name =
-        (cfg.load_in_4bit ? "4-bit NF4 base (frozen, computing in " +
-                 dtype_label(dtype) + ")"
-                          : dtype_label(dtype) + " base (frozen)") +
-        ", float32 adapters";
-    precision.why = cfg.dtype == "auto" && !cfg.fp16 && !cfg.bf16
-        ? "auto: " + device.kind
-        : "asked for";
-  } else {
-    precision = resolve_precision(
-        cfg.fp16       ? "float16"
-            : cfg.bf16 ? "bfloat16"
-                       : cfg.dtype,
-        device);
-  }
+  const Precision precision = finetune_precision(cfg, device, dtype);
   if (cfg.load_in_4bit && !lora)
     throw UserError(
         "load_in_4bit=true holds a frozen base in 4 bits for stage=lora; "
@@ -562,40 +666,16 @@ FinetuneResult run_finetune(
 
   // The model.
   torch::manual_seed(uint64_t(cfg.seed));
-  models::LoadOptions lo;
-  lo.device = dev;
-  lo.dtype = lora ? dtype : torch::kFloat32;
-  lo.context = T;
-  lo.load_in_4bit = lora && cfg.load_in_4bit;
   log("Loading " + mc.architecture + " from " + cfg.model + " (" +
-      (lo.load_in_4bit ? "4-bit NF4 projections, " : "") +
-      dtype_label(*lo.dtype) + " weights on " + device.name + ")...");
-  models::Llama model = models::load_hf_model(cfg.model, lo);
-  model->gradient_checkpointing = cfg.gradient_checkpointing;
+      (lora && cfg.load_in_4bit ? "4-bit NF4 projections, " : "") +
+      dtype_label(lora ? dtype : torch::kFloat32) + " weights on " +
+      device.name + ")...");
+  TrainedModel loaded = load_trained_model(cfg, dtype, dev);
+  models::Llama model = loaded.model;
+  result.parameters = loaded.parameters;
+  result.trainable_parameters = loaded.trainable;
   const models::LoraSpec spec = lora_spec(cfg);
-  if (lora)
-    model->add_lora(spec, torch::kFloat32);
-  model->train();
-  std::vector<std::pair<std::string, torch::Tensor>> trained;
-  for (const auto& p : model->named_parameters()) {
-    result.parameters += p.value().numel();
-    if (p.value().requires_grad()) {
-      trained.push_back({p.key(), p.value()});
-      result.trainable_parameters += p.value().numel();
-    }
-  }
-  const double lr = cfg.learning_rate.value_or(lora ? 2e-4 : 1e-5);
-  std::vector<ParamGroup> groups = {
-      {.name = lora ? "adapters" : "weights",
-       .params = trained,
-       .lr = lr,
-       .weight_decay = cfg.weight_decay,
-       .muon = false}};
-  OptimizerOptions oo;
-  oo.adam_beta1 = cfg.adam_beta1;
-  oo.adam_beta2 = cfg.adam_beta2;
-  oo.adam_eps = cfg.adam_epsilon;
-  Optimizers optimizers(std::move(groups), oo);
+  Optimizers optimizers = finetune_optimizers(cfg, std::move(loaded.trained));
 
   const uint32_t pad_id = 0; // padding is never a target
   auto loader = std::make_shared<data::ChatBatcher>(

@@ -139,6 +139,22 @@ torch::ScalarType finetune_dtype(
     const FinetuneConfig& cfg,
     const DeviceInfo& device);
 
+// Measuring what plan_finetune predicts: loads the model as a run would
+// (dtype, 4 bits, LoRA, checkpointing), takes two optimizer steps of
+// `batch` rows of max_seq_length random tokens (times
+// gradient_accumulation_steps), and reads the peak of the second above
+// what was in use before the model was loaded (core/memory_stats.h says
+// what is read on each device). An out-of-memory error propagates as
+// c10::Error for the caller to report.
+struct FinetuneProbe {
+  double measured = 0; // bytes
+  FinetuneMemory predicted;
+};
+FinetuneProbe measure_finetune_peak(
+    const FinetuneConfig& cfg,
+    const DeviceInfo& device,
+    int64_t batch);
+
 FinetuneResult run_finetune(
     const FinetuneConfig& cfg,
     const config::Origins& origins,

@@ -4,11 +4,43 @@
 #include "core/torch_compat.h"
 #include "train/optimizer.h"
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 namespace orchard::train {
+
+uint64_t probe_baseline(const c10::Device& dev) {
+  // Warm the device up so its context and kernels are in the baseline.
+  {
+    auto a = torch::randn({64, 64}, dev);
+    auto l = torch::matmul(a, a).sum();
+    compat::synchronize(dev);
+  }
+  trim_host_heap(dev);
+  reset_peak_memory(dev);
+  return read_memory(dev).current;
+}
+
+uint64_t peak_of_two_steps(
+    const std::function<torch::Tensor()>& loss,
+    Optimizers& optimizers,
+    int64_t accum,
+    torch::ScalarType compute,
+    const c10::Device& dev) {
+  for (int64_t step = 0; step < 2; ++step) {
+    if (step == 1)
+      reset_peak_memory(dev); // the second step has optimizer state
+    optimizers.zero_grad();
+    for (int64_t m = 0; m < accum; ++m) {
+      torch::Tensor l;
+      {
+        compat::AutocastGuard g(dev.type(), compute);
+        l = loss();
+      }
+      l.backward();
+    }
+    optimizers.step(1.0, step);
+    compat::synchronize(dev);
+  }
+  return read_memory(dev).peak;
+}
 
 ProbeResult measure_step_peak(
     models::GptConfig c,
@@ -16,20 +48,7 @@ ProbeResult measure_step_peak(
     int64_t batch,
     int64_t accum,
     const c10::Device& dev) {
-  // Warm the device up so its context and kernels are in the baseline.
-  {
-    auto a = torch::randn({64, 64}, dev);
-    auto l = torch::matmul(a, a).sum();
-    compat::synchronize(dev);
-  }
-#if defined(__GLIBC__)
-  // Hand memory freed by earlier work (an earlier probe) back to the
-  // system, so the resident set starts from what is really in use.
-  if (dev.is_cpu())
-    malloc_trim(0);
-#endif
-  reset_peak_memory(dev);
-  const uint64_t base = read_memory(dev).current;
+  const uint64_t base = probe_baseline(dev);
   uint64_t peak = 0;
   {
     c.max_seq_len = s.seq_len;
@@ -52,22 +71,8 @@ ProbeResult measure_step_peak(
                  .to(dev);
     auto y = torch::randint(0, c.vocab_size, {batch, s.seq_len}, torch::kLong)
                  .to(dev);
-    for (int step = 0; step < 2; ++step) {
-      if (step == 1)
-        reset_peak_memory(dev); // the second step has optimizer state
-      opt.zero_grad();
-      for (int64_t m = 0; m < accum; ++m) {
-        torch::Tensor loss;
-        {
-          compat::AutocastGuard g(dev.type(), s.compute);
-          loss = model->loss(x, y);
-        }
-        loss.backward();
-      }
-      opt.step(1.0, step);
-      compat::synchronize(dev);
-    }
-    peak = read_memory(dev).peak;
+    peak = peak_of_two_steps(
+        [&] { return model->loss(x, y); }, opt, accum, s.compute, dev);
   }
   ProbeResult r;
   r.measured = double(peak > base ? peak - base : 0);

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 namespace orchard {
 namespace {
@@ -412,6 +413,82 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_GT(j["choice"]["batch"].get<int>(), 1);
+}
+
+// `plan --probe` for fine-tuning loads the model and measures two real
+// steps. On a random Llama of 4.0 M parameters fully fine-tuned in float32,
+// the second step's peak must hold the weights, their gradients and
+// AdamW's two moments (16 bytes a parameter, counted independently of the
+// planner); the planner's CPU estimate stays above what was measured.
+TEST(Finetune, PlanProbeMeasuresARealStep) {
+  TempDir tmp;
+  const int64_t V = 4096, C = 256, I = 704, L = 4, H = 4, KV = 2, D = 64;
+  fs::create_directories(tmp.file("m"));
+  std::ofstream(tmp.file("m/config.json")) << nlohmann::json{
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", C},
+      {"intermediate_size", I},
+      {"num_hidden_layers", L},
+      {"num_attention_heads", H},
+      {"num_key_value_heads", KV},
+      {"head_dim", D},
+      {"vocab_size", V},
+      {"max_position_embeddings", 512},
+      {"rms_norm_eps", 1e-5},
+      {"rope_theta", 10000.0},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"}}.dump();
+  torch::manual_seed(3);
+  std::vector<std::pair<std::string, torch::Tensor>> w = {
+      {"model.embed_tokens.weight", torch::randn({V, C}) * 0.02},
+      {"model.norm.weight", torch::ones({C})}};
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (auto [name, rows, cols] :
+         std::vector<std::tuple<std::string, int64_t, int64_t>>{
+             {"self_attn.q_proj", H * D, C},
+             {"self_attn.k_proj", KV * D, C},
+             {"self_attn.v_proj", KV * D, C},
+             {"self_attn.o_proj", C, H * D},
+             {"mlp.gate_proj", I, C},
+             {"mlp.up_proj", I, C},
+             {"mlp.down_proj", C, I}})
+      w.push_back({p + name + ".weight", torch::randn({rows, cols}) * 0.02});
+    w.push_back({p + "input_layernorm.weight", torch::ones({C})});
+    w.push_back({p + "post_attention_layernorm.weight", torch::ones({C})});
+  }
+  int64_t params = 0;
+  for (const auto& [k, t] : w)
+    params += t.numel();
+  safetensors::save(tmp.file("m/model.safetensors"), w);
+  auto probe = [&](const std::string& stage) {
+    auto r = run_orchard(
+        {"plan",
+         "stage=" + stage,
+         "model=" + tmp.file("m"),
+         "max_seq_length=128",
+         "per_device_train_batch_size=1",
+         "--device",
+         "cpu",
+         "--probe",
+         "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')))["probe"];
+  };
+  auto full = probe("full");
+  ASSERT_EQ(full.size(), 2u) << full.dump(); // batch 1 and the next one up
+  EXPECT_EQ(full[0]["batch"], 1);
+  EXPECT_EQ(full[1]["batch"], 2);
+  for (const auto& row : full) {
+    const double measured = row["measured_bytes"];
+    EXPECT_GE(measured, 16.0 * double(params)) << row.dump();
+    EXPECT_LT(measured, row["predicted_bytes"].get<double>()) << row.dump();
+  }
+  // LoRA: the float32 base is loaded after the baseline.
+  auto lora = probe("lora");
+  ASSERT_EQ(lora.size(), 2u) << lora.dump();
+  EXPECT_GE(lora[0]["measured_bytes"].get<double>(), 4.0 * double(params));
 }
 
 TEST(Finetune, BadInputSaysWhatAndHow) {
