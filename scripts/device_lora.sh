@@ -12,7 +12,9 @@
 #           bench/trace_summary.py (traces left in $OUT)
 #   probe   `orchard plan --probe --json` on that model: LoRA (bf16, 4-bit,
 #           without checkpointing) and full fine-tuning at 1024 and 2048,
-#           micro-batch 1 and 2 (and the preset, with its lora.dropout),
+#           micro-batch 1 and 2 (and the preset, with its lora.dropout);
+#           then a model with Qwen2.5 0.5B's shape (152K vocabulary, so the
+#           loss weighs more), LoRA and full, micro-batch 1-16; each
 #           measured beside the planner's prediction
 #           ($OUT/probe.jsonl, one plan per line)
 set -uo pipefail
@@ -69,16 +71,13 @@ fi
 if [ "$mode" = probe ]; then
   cmake --build build-cuda -j16 --target orchard > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -30; exit 1; }
   M=/tmp/llama-3.2-3b-shape
-  [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
+  [ -n "${PROBE_ONLY_QWEN:-}" ] || [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  for args in "stage=lora max_seq_length=1024" "stage=lora max_seq_length=2048" \
-      "stage=lora max_seq_length=1024 load_in_4bit=true" \
-      "stage=lora max_seq_length=2048 load_in_4bit=true" \
-      "stage=lora max_seq_length=1024 gradient_checkpointing=false" \
-      "--preset lora-llama-3.2-3b max_seq_length=1024" \
-      "--preset lora-llama-3.2-3b max_seq_length=2048" \
-      "stage=full max_seq_length=1024"; do
-    ./build-cuda/orchard plan $args model=$M per_device_train_batch_size=1 \
+  Q=/tmp/qwen2.5-0.5b-shape
+  [ -f $Q/config.json ] || python3 bench/peers/lora_step.py --make-qwen $Q 2>&1 | grep -v Warn | tail -1
+  probe_one() { # model, then plan arguments (per_device_train_batch_size=1 unless given)
+    local m=$1; shift
+    ./build-cuda/orchard plan model=$m per_device_train_batch_size=1 "$@" \
         --probe --json 2> "$OUT/probe-err.log" | python3 -c '
 import json, sys
 text = sys.stdin.read()
@@ -86,7 +85,26 @@ j = json.loads(text[text.index("{"):])
 print(json.dumps(j))
 for p in j.get("probe", []):
     print(sys.argv[1], p["batch"], "measured %.0f MB predicted %.0f MB (%+.1f %%)" % (p.get("measured_bytes", 0) / 1e6, p.get("predicted_bytes", 0) / 1e6, p.get("error_percent", 0)) if "measured_bytes" in p else p, file=sys.stderr)
-' "$args" >> "$OUT/probe.jsonl" || { status=1; tail -5 "$OUT/probe-err.log"; }
+' "$(basename $m) $*" >> "$OUT/probe.jsonl" || { status=1; tail -5 "$OUT/probe-err.log"; }
+  }
+  if [ -z "${PROBE_ONLY_QWEN:-}" ]; then
+    for args in "stage=lora max_seq_length=1024" "stage=lora max_seq_length=2048" \
+        "stage=lora max_seq_length=1024 load_in_4bit=true" \
+        "stage=lora max_seq_length=2048 load_in_4bit=true" \
+        "stage=lora max_seq_length=1024 gradient_checkpointing=false" \
+        "--preset lora-llama-3.2-3b max_seq_length=1024" \
+        "--preset lora-llama-3.2-3b max_seq_length=2048" \
+        "stage=full max_seq_length=1024"; do
+      probe_one $M $args
+    done
+  fi
+  for args in "stage=lora max_seq_length=1024" "stage=lora max_seq_length=2048" \
+      "stage=lora max_seq_length=1024 per_device_train_batch_size=8" \
+      "stage=lora max_seq_length=256 per_device_train_batch_size=1" \
+      "stage=lora max_seq_length=1024 load_in_4bit=true" \
+      "stage=lora max_seq_length=1024 gradient_checkpointing=false" \
+      "stage=full max_seq_length=1024" "stage=full max_seq_length=1024 per_device_train_batch_size=8"; do
+    probe_one $Q $args
   done
 fi
 if [ "$mode" = bench ]; then

@@ -3,6 +3,8 @@
 
   lora_step.py --make DIR         write a random model with Llama 3.2 3B's
                                   config (bfloat16) to DIR
+  lora_step.py --make-qwen DIR    the same with Qwen2.5 0.5B's config (a
+                                  small model with a 152K vocabulary)
   lora_step.py DIR SEQ STEPS [RANK] [GEN_PROMPT GEN_NEW]
                                   LoRA r=RANK on every linear layer of the
                                   bfloat16 base (adapters float32, peft's
@@ -34,6 +36,23 @@ def make(out):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    print("made", out, sum(p.numel() for p in model.parameters()) / 1e9, "B parameters")
+
+
+def make_qwen(out):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864,
+        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, hidden_act="silu", bos_token_id=151643,
+        eos_token_id=151643, torch_dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     print("made", out, sum(p.numel() for p in model.parameters()) / 1e9, "B parameters")
 
@@ -118,6 +137,8 @@ def bench(d, seq, steps, rank, gen_prompt, gen_new):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--make":
         make(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--make-qwen":
+        make_qwen(sys.argv[2])
     elif len(sys.argv) >= 4:
         a = sys.argv
         bench(a[1], int(a[2]), int(a[3]), int(a[4]) if len(a) > 4 else 16,
