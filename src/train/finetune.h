@@ -97,7 +97,10 @@ struct FinetuneResult {
 
 // A LoRA or full fine-tuning run's memory, in bytes (base weights, trainable
 // weights, gradients, AdamW state, activations of B x T tokens with or
-// without checkpointing, the loss's logits chunks, a workspace margin).
+// without checkpointing, the loss's logits chunks (for LoRA only what they
+// need beyond the activations, as the loss is done before the backward
+// starts), a workspace margin). Measured against `orchard plan --probe` in
+// bench/RESULTS.md.
 struct FinetuneMemory {
   double weights = 0, trainable = 0, gradients = 0, optimizer = 0;
   double activations = 0, logits = 0, workspace = 0;
