@@ -81,6 +81,10 @@ struct FinetuneConfig {
 
 const config::Schema& finetune_schema();
 
+// The adapters `cfg` asks for (lora.r, lora.alpha, lora.dropout, its
+// target modules normalized).
+models::LoraSpec lora_spec(const FinetuneConfig& cfg);
+
 // Whether a stage name belongs to fine-tuning (lora, full).
 bool is_finetune_stage(const std::string& stage);
 
@@ -95,12 +99,12 @@ struct FinetuneResult {
   int64_t micro_batch = 0, trainable_parameters = 0, parameters = 0;
 };
 
-// A LoRA or full fine-tuning run's memory, in bytes (base weights, trainable
-// weights, gradients, AdamW state, activations of B x T tokens with or
-// without checkpointing, the loss's logits chunks (for LoRA only what they
-// need beyond the activations, as the loss is done before the backward
-// starts), a workspace margin). Measured against `orchard plan --probe` in
-// bench/RESULTS.md.
+// A LoRA or full fine-tuning run's memory (finetune_memory.cpp), in bytes (base
+// weights, trainable weights, gradients, AdamW state, activations of B x T
+// tokens with or without checkpointing, the loss's logits chunks (for LoRA only
+// what they need beyond the activations, as the loss is done before the
+// backward starts), a workspace margin). Measured against `orchard plan
+// --probe` in bench/RESULTS.md.
 struct FinetuneMemory {
   double weights = 0, trainable = 0, gradients = 0, optimizer = 0;
   double activations = 0, logits = 0, workspace = 0;

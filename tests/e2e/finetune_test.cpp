@@ -637,6 +637,27 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
       std::string::npos)
       << bad_family.err;
   expect_error({"plan", "stage=lora"}, "plans for model=DIR");
+  // --probe measures this machine, with the model's weights.
+  expect_error(
+      {"plan",
+       "stage=lora",
+       "model=" + kLlama,
+       "--probe",
+       "--assume-device",
+       "mps",
+       "--memory-gb",
+       "16"},
+      "cannot measure an assumed one (drop --assume-device)");
+  fs::create_directories(tmp.file("config_only"));
+  fs::copy_file(kLlama + "/config.json", tmp.file("config_only/config.json"));
+  expect_error(
+      {"plan",
+       "stage=lora",
+       "model=" + tmp.file("config_only"),
+       "--probe",
+       "--device",
+       "cpu"},
+      "holds no weights");
   expect_error(
       {"train",
        "stage=full",
