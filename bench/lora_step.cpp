@@ -10,7 +10,7 @@
 #include "core/memory_stats.h"
 #include "core/torch_compat.h"
 #include "infer/engine.h"
-#include "models/llama.h"
+#include "models/hf/model.h"
 #include "train/optimizer.h"
 
 #include <algorithm>

@@ -29,7 +29,7 @@ cmake --build build-cuda -j16 > "$OUT/build.log" 2>&1 || { grep -E "error|Error"
 echo "build took $(( $(date +%s) - start )) s"
 
 step "orchard-written golden, verified by the Python library"
-ORCHARD_WRITE_GOLDEN=$FIX/orchard_written.safetensors ./build-cuda/orchard_tests \
+ORCHARD_WRITE_GOLDEN=$FIX/orchard_written.safetensors ./build-cuda/orchard_unit_tests \
   --gtest_filter='Safetensors.WriterMatches*' > /dev/null 2>&1
 python3 $FIX/make_fixtures.py --verify $FIX/orchard_written.safetensors || status=1
 
@@ -39,7 +39,7 @@ tail -5 "$OUT/ctest.log"; grep -E "Failed|FAILED" "$OUT/ctest.log" | head -20
 
 step "Hugging Face tokenizers reads Orchard's tokenizer.json"
 HF=$(mktemp -d)
-ORCHARD_HF_OUT=$HF ./build-cuda/orchard_tests --gtest_filter='*HfRoundTrip*' > /dev/null 2>&1
+ORCHARD_HF_OUT=$HF ./build-cuda/orchard_golden_tests --gtest_filter='*HfRoundTrip*' > /dev/null 2>&1
 for enc in gpt2 cl100k_base; do
   python3 tests/fixtures/tokenizers/check_hf.py ./build-cuda/orchard $HF/$enc \
     tests/fixtures/tokenizers/${enc}_reference.json 1 || status=1

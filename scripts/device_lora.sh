@@ -2,7 +2,7 @@
 # Issue 7 on the CUDA machine (../shared/device/README.md):
 #   build   build against PyTorch's libtorch, run every test, check Orchard's
 #           adapter and merged model with peft/transformers
-#           (tests/golden/make_hf_fixtures.py --verify-*), fine-tune the tiny
+#           (tests/reference/make_hf_fixtures.py --verify-*), fine-tune the tiny
 #           fixture Llama from the command line on the GPU
 #   bench   make a random model with Llama 3.2 3B's config and run
 #           bench/peers/lora_step.py and orchard_bench_lora side by side
@@ -54,9 +54,9 @@ if [ "$mode" = build ]; then
   (cd build-cuda && ctest --output-on-failure -j8 > "$OUT/ctest.log" 2>&1) || status=1
   tail -4 "$OUT/ctest.log"; grep -E "\*\*\*Failed|FAILED|Skipped" "$OUT/ctest.log" | head -20
   G=$(mktemp -d)
-  ORCHARD_PEFT_GOLDEN=$G ./build-cuda/orchard_tests --gtest_filter='Lora.WritesGoldenForPeft*' > /dev/null 2>&1
-  python3 tests/golden/make_hf_fixtures.py --verify-adapter tests/fixtures/hf/llama $G/adapter $G/adapter_logits.safetensors 2>&1 | grep -v Warn | tail -2 || status=1
-  python3 tests/golden/make_hf_fixtures.py --verify-merged $G/merged $G/adapter_logits.safetensors 2>&1 | grep -v Warn | tail -2 || status=1
+  ORCHARD_PEFT_GOLDEN=$G ./build-cuda/orchard_golden_tests --gtest_filter='Lora.WritesGoldenForPeft*' > /dev/null 2>&1
+  python3 tests/reference/make_hf_fixtures.py --verify-adapter tests/fixtures/hf/llama $G/adapter $G/adapter_logits.safetensors 2>&1 | grep -v Warn | tail -2 || status=1
+  python3 tests/reference/make_hf_fixtures.py --verify-merged $G/merged $G/adapter_logits.safetensors 2>&1 | grep -v Warn | tail -2 || status=1
   python3 - <<'PY'
 import json
 w = [("river", "a large natural stream of water"), ("fox", "a small wild dog")]

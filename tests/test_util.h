@@ -16,10 +16,23 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/files.h"
 #include "test_paths.h"
 
 namespace orchard::test {
+
+// A device description for planning and policy tests: `kind` cuda, mps or
+// cpu, with a compute capability for CUDA (0: unknown).
+inline DeviceInfo device_of(const std::string& kind, int cc = 0) {
+  DeviceInfo d;
+  d.kind = kind;
+  d.device = kind == "cuda" ? c10::Device(c10::kCUDA, 0)
+      : kind == "mps"       ? c10::Device(c10::kMPS)
+                            : c10::Device(c10::kCPU);
+  d.compute_capability = cc;
+  return d;
+}
 
 class TempDir {
  public:

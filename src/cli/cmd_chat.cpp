@@ -83,17 +83,11 @@ Command register_chat(CLI::App& root) {
       ->capture_default_str();
   add_device_flags(app, st->device, /*allow_assume=*/false);
   return {app, [st] {
-            const auto& so = st->sampling;
-            if (so.temperature < 0 || so.temperature > 2 || so.top_p <= 0 ||
-                so.top_p > 1 || so.max_new_tokens < 1 || so.top_k < 0)
-              throw UserError(
-                  "--temperature must be in [0, 2], --top-p in (0, 1], --top-k "
-                  ">= 0 and --max-new-tokens >= 1.");
-            const std::string path = model_path(st->model);
+            if (auto p = infer::sampling_problem(st->sampling); !p.empty())
+              throw UserError(p);
             MachineFacts m = machine_for(st->device);
             DeviceInfo d = select_device(st->device, m);
-            (void)path;
-            infer::LoadedModel loaded = load_model(st->model, d);
+            runs::LoadedModel loaded = open_model(st->model, d);
             infer::ChatModel chat(loaded, d.device);
             std::vector<text::Message> messages;
             std::string system = st->system;

@@ -51,15 +51,12 @@ Command register_generate(CLI::App& root) {
         if (!st->interactive && st->prompt.empty())
           throw UserError(
               "give --prompt TEXT, or --interactive to type prompts.");
-        if (st->sampling.temperature < 0 || st->sampling.top_p <= 0 ||
-            st->sampling.top_p > 1 || st->sampling.max_new_tokens < 1)
-          throw UserError(
-              "--temperature must be >= 0, --top-p in (0, 1] and --max-new-tokens >= 1.");
+        if (auto p = infer::sampling_problem(st->sampling); !p.empty())
+          throw UserError(p);
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        model_path(st->model); // which model, before the device is chosen
-        infer::LoadedModel loaded = load_model(st->model, d);
-        text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
+        runs::LoadedModel loaded = open_model(st->model, d);
+        const text::Tokenizer& tok = *loaded.tokenizer;
         infer::Engine engine(loaded.model, d.device);
         auto bos = tok.document_start();
         infer::SamplingOptions opt = st->sampling;

@@ -2,6 +2,7 @@
 // full model folder (safetensors, config, tokenizer files) that
 // transformers, llama.cpp's converters and Orchard load like any other.
 #include "cli/common.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "models/lora.h"
 
@@ -51,19 +52,10 @@ Command register_lora(CLI::App& root) {
             fs::absolute(st->model).lexically_normal())
           throw UserError("--out must not be the base model's folder.");
         models::LoadOptions opt; // on the CPU: merging is one pass
-        if (st->dtype == "float32")
-          opt.dtype = torch::kFloat32;
-        else if (st->dtype == "bfloat16")
-          opt.dtype = torch::kBFloat16;
-        else if (st->dtype == "float16")
-          opt.dtype = torch::kFloat16;
-        else if (st->dtype != "auto")
-          throw UserError(
-              "--dtype " + st->dtype +
-              " is not one of auto, float32, bfloat16, float16.");
+        opt.dtype = parse_dtype(st->dtype, "--dtype");
         opt.context = 1; // no rotary tables needed
         models::Llama model = models::load_hf_model(st->model, opt);
-        const std::string adapter = adapter_folder(st->adapter);
+        const std::string adapter = runs::adapter_folder(st->adapter);
         models::load_adapter(model, adapter, torch::kFloat32);
         models::write_merged_model(model, st->model, st->out);
         std::printf(

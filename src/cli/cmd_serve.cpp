@@ -62,13 +62,12 @@ Command register_serve(CLI::App& root) {
           throw UserError(
               "--max-batch, --max-tokens-limit, --max-messages and "
               "--max-message-chars must be at least 1, and --port in 0..65535.");
-        model_path(st->model); // which model, before the device is chosen
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
-        infer::LoadedModel loaded = load_model(st->model, d);
+        runs::LoadedModel loaded = open_model(st->model, d);
         infer::ChatModel chat(loaded, d.device);
         // The model's id: the run's name and stage (runs/sft/d4 -> sft/d4).
-        o.model_name = model_name(st->model);
+        o.model_name = loaded.name;
         serve::Server server(chat, o);
         const int port = server.bind();
         std::printf(

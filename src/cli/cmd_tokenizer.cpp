@@ -17,25 +17,9 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <sstream>
 
 namespace orchard::cli {
 namespace {
-
-// What conversations are rendered with: the folder's own Jinja template, a
-// built-in family, or why neither works.
-std::string chat_template_of(
-    const std::string& path,
-    const text::Tokenizer& tok) {
-  try {
-    auto t = text::open_chat_template(path, tok);
-    return t.own_template()
-        ? t.describe() + " (the model's Jinja template)"
-        : text::chat_family_name(t.family()) + " (built-in)";
-  } catch (const UserError& e) {
-    return std::string("none usable: ") + e.what();
-  }
-}
 
 std::string read_input(const std::string& path) {
   if (path.empty() || path == "-") {
@@ -49,21 +33,6 @@ std::string read_input(const std::string& path) {
     throw UserError("cannot read input file '" + path + "'.");
   return std::string(
       std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string printable(const std::string& bytes) {
-  std::ostringstream out;
-  for (unsigned char c : bytes) {
-    if (c == '\n')
-      out << "\\n";
-    else if (c == '\t')
-      out << "\\t";
-    else if (c < 0x20 || c == 0x7f)
-      out << "\\x" << std::hex << int(c) << std::dec;
-    else
-      out << c;
-  }
-  return out.str();
 }
 
 struct TrainArgs {
@@ -91,20 +60,7 @@ void run_train(const TrainArgs& a) {
   fs::create_directories(a.out);
   std::string path = (fs::path(a.out) / "tokenizer.json").string();
   text::save_hf_tokenizer(tok, path);
-  char line[256];
-  std::snprintf(
-      line,
-      sizeof line,
-      "Read %.1f MB (%llu pieces, %llu unique) in %.1f s (%.1f MB/s); %llu "
-      "merges in %.1f s.\n",
-      stats.bytes / 1e6,
-      (unsigned long long)stats.pieces,
-      (unsigned long long)stats.unique_pieces,
-      stats.count_seconds,
-      stats.bytes / 1e6 / std::max(stats.count_seconds, 1e-9),
-      (unsigned long long)stats.merges,
-      stats.merge_seconds);
-  std::cout << line;
+  std::cout << stats.summary() << "\n";
   if (tok.vocab_size() < a.vocab_size)
     std::cout << "Note: the text allowed only " << stats.merges
               << " merges, so the vocabulary has " << tok.vocab_size()
@@ -178,20 +134,7 @@ Command register_tokenizer(CLI::App& root) {
             out += (i ? " " : "") + std::to_string(ids[i]);
           std::cout << out << "\n";
         } else if (dec->parsed()) {
-          std::string in = read_input(st->input);
-          std::istringstream words(in);
-          std::vector<text::TokenId> ids;
-          std::string word;
-          for (size_t n = 1; words >> word; ++n) {
-            char* end = nullptr;
-            unsigned long v = std::strtoul(word.c_str(), &end, 10);
-            if (*end != '\0' || word[0] == '-' || v > UINT32_MAX)
-              throw UserError(
-                  "decode input, token " + std::to_string(n) + ": '" + word +
-                  "' is not a token id (whole numbers separated "
-                  "by spaces, as `orchard tokenizer encode` prints).");
-            ids.push_back(text::TokenId(v));
-          }
+          auto ids = text::parse_token_ids(read_input(st->input));
           std::string bytes = tok.decode(ids);
           std::cout.write(bytes.data(), bytes.size());
         } else if (info->parsed()) {
@@ -204,12 +147,12 @@ Command register_tokenizer(CLI::App& root) {
                                               "word starts)"
                                             : tok.pattern())
                     << "\n"
-                    << "chat_template: " << chat_template_of(st->tokenizer, tok)
-                    << "\n"
+                    << "chat_template: "
+                    << text::describe_chat_template(st->tokenizer, tok) << "\n"
                     << "special_tokens: " << tok.special_tokens().size()
                     << "\n";
           for (const auto& [text, id] : tok.special_tokens())
-            std::cout << "  " << id << " " << printable(text) << "\n";
+            std::cout << "  " << id << " " << text::printable(text) << "\n";
         }
         return 0;
       }};

@@ -1,11 +1,6 @@
 #include "cli/common.h"
 
 #include "core/error.h"
-#include "models/lora.h"
-#include "train/finetune.h"
-#include "train/trained_model.h"
-
-#include <yaml-cpp/yaml.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +50,7 @@ MachineFacts machine_for(const DeviceFlags& flags) {
 DeviceInfo select_device(
     const DeviceFlags& flags,
     const MachineFacts& machine,
+    bool trains,
     const EnvLookup& env) {
   DeviceInfo d = resolve_device(flags.device, machine);
   std::printf("%s\n", using_device_line(d).c_str());
@@ -67,7 +63,8 @@ DeviceInfo select_device(
       throw UserError(
           "WORLD_SIZE='" + *ws +
           "' is not a process count; set it to 1 or more, or unset it.");
-    check_distributed_supported(d, static_cast<int>(n));
+    if (trains)
+      check_distributed_supported(d, static_cast<int>(n));
   }
   return d;
 }
@@ -133,120 +130,10 @@ void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
       ->check(CLI::IsMember({"llama3", "chatml", "mistral", "orchard"}));
 }
 
-std::string model_path(const ModelFlags& flags) {
-  if (!flags.model_dir.empty())
-    return flags.model_dir;
-  if (!flags.adapter.empty())
-    throw UserError(
-        "--adapter needs --model DIR, the base model the adapter was trained "
-        "on.");
-  if (!flags.stage.empty() && !flags.checkpoint.empty())
-    throw UserError("give either -i STAGE or --checkpoint DIR, not both.");
-  if (!flags.checkpoint.empty())
-    return flags.checkpoint;
-  if (flags.stage.empty())
-    throw UserError(
-        "which model? Give -i base|mid|sft (a stage's newest run) or "
-        "--checkpoint DIR (a run or checkpoint folder).");
-  return train::find_stage_run(flags.stage, flags.run);
-}
-
-std::string adapter_folder(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::exists(fs::path(path) / "adapter_config.json"))
-    return path;
-  if (fs::exists(fs::path(path) / "adapter" / "adapter_config.json"))
-    return (fs::path(path) / "adapter").string();
-  throw UserError(
-      "--adapter " + path +
-      " holds no adapter_config.json (nor adapter/adapter_config.json, as an "
-      "orchard train stage=lora run folder does once it finishes).");
-}
-
-infer::LoadedModel load_model(const ModelFlags& flags, const DeviceInfo& d) {
-  if (flags.model_dir.empty()) {
-    infer::LoadedModel loaded = infer::load_trained_model(model_path(flags));
-    std::printf(
-        "Model: %s (step %lld)\n",
-        loaded.checkpoint_dir.c_str(),
-        (long long)loaded.step);
-    return loaded;
-  }
-  if (!flags.stage.empty() || !flags.checkpoint.empty())
-    throw UserError("give either --model DIR or -i/--checkpoint, not both.");
-  models::LoadOptions opt;
-  opt.device = d.device;
-  opt.dtype = train::finetune_dtype(train::FinetuneConfig{}, d);
-  models::Llama model = models::load_hf_model(flags.model_dir, opt);
-  std::string adapter;
-  if (!flags.adapter.empty()) {
-    adapter = adapter_folder(flags.adapter);
-    models::load_adapter(model, adapter, torch::kFloat32);
-  }
-  model->eval();
-  std::printf(
-      "Model: %s (%s, %lld layers)%s\n",
-      flags.model_dir.c_str(),
-      model->config.architecture.c_str(),
-      (long long)model->config.num_hidden_layers,
-      adapter.empty() ? "" : (" + adapter " + adapter).c_str());
-  infer::LoadedModel out;
-  out.model = model.ptr();
-  out.tokenizer_dir = flags.model_dir;
-  out.chat_template = flags.chat_template;
-  out.checkpoint_dir = flags.model_dir;
-  return out;
-}
-
-std::string model_name(const ModelFlags& flags) {
-  namespace fs = std::filesystem;
-  if (!flags.model_dir.empty()) {
-    std::string n =
-        fs::path(flags.model_dir).lexically_normal().filename().string();
-    if (n.empty())
-      n = fs::path(flags.model_dir)
-              .lexically_normal()
-              .parent_path()
-              .filename()
-              .string();
-    return flags.adapter.empty() ? n : n + "+adapter";
-  }
-  fs::path run(model_path(flags));
-  if (fs::exists(run / "state.json"))
-    run = run.parent_path().parent_path();
-  run = run.lexically_normal();
-  if (run.filename().empty())
-    run = run.parent_path();
-  return run.parent_path().filename().string() + "/" + run.filename().string();
-}
-
-// The stage the sources ask for (preset, then --config, then key=value;
-// the later wins), so fine-tuning stages read their own keys. "" when none
-// says; a source that does not parse is left for the real resolution to
-// report.
-std::string requested_stage(const ConfigFlags& f) {
-  std::string stage;
-  auto from_yaml = [&](const std::string& text) {
-    try {
-      YAML::Node n = YAML::Load(text);
-      if (n.IsMap() && n["stage"] && n["stage"].IsScalar())
-        stage = n["stage"].as<std::string>();
-    } catch (const YAML::Exception&) {
-    }
-  };
-  if (!f.preset.empty())
-    if (auto text = config::preset_text(f.preset))
-      from_yaml(*text);
-  if (!f.config_file.empty()) {
-    std::ifstream in(f.config_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    from_yaml(ss.str());
-  }
-  for (const auto& o : f.overrides)
-    if (o.rfind("stage=", 0) == 0)
-      stage = o.substr(6);
-  return stage;
+runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& d) {
+  runs::LoadedModel loaded = runs::load_model(flags, d);
+  std::printf("Model: %s\n", loaded.description.c_str());
+  return loaded;
 }
 
 } // namespace orchard::cli

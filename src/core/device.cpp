@@ -161,13 +161,19 @@ std::vector<std::string> platform_notes(const MachineFacts& m) {
 }
 
 void check_distributed_supported(const DeviceInfo& d, int world_size) {
-  if (d.kind == "mps" && world_size > 1)
+  if (world_size <= 1)
+    return;
+  if (d.kind == "mps")
     throw UserError(
         "Distributed training is not supported on MPS (WORLD_SIZE=" +
         std::to_string(world_size) +
         "): PyTorch has no collective backend for Apple GPUs.\n  Run a single "
-        "process (unset WORLD_SIZE), or use --device cpu for multi-process "
-        "runs.");
+        "process (unset WORLD_SIZE).");
+  throw UserError(
+      "WORLD_SIZE=" + std::to_string(world_size) +
+      ": Orchard does not train with several processes yet; each would train "
+      "alone into the same run folder.\n  Run a single process (unset "
+      "WORLD_SIZE, or start orchard without torchrun).");
 }
 
 } // namespace orchard

@@ -38,8 +38,9 @@ std::string using_device_line(const DeviceInfo& d);
 // CPU fallback. Each says what it costs and how to fix it.
 std::vector<std::string> platform_notes(const MachineFacts& m);
 
-// Multi-process training needs a collective backend; MPS has none in
-// PyTorch. Throws UserError for MPS when world_size > 1.
+// Multi-process training: not built yet (each process would train alone
+// into one run folder), and MPS has no collective backend in PyTorch.
+// Throws UserError when world_size > 1, saying which.
 void check_distributed_supported(const DeviceInfo& d, int world_size);
 
 } // namespace orchard

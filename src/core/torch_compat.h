@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -70,74 +71,20 @@ inline void synchronize(const torch::Device& device) {
     mps_synchronize();
 }
 
-// The positions a query may not see: query i (absolute position
-// Tk - Tq + i) sees keys up to its own position and, with a sliding window
-// W > 0, only the last W of them (Mistral's sliding_window: key j is seen
-// when i - W < j <= i, as transformers masks it). True = hidden.
-inline torch::Tensor hidden_keys(
-    int64_t Tq,
-    int64_t Tk,
-    int64_t window,
-    torch::Device device) {
-  auto ones = [&] {
-    return torch::ones(
-        {Tq, Tk}, torch::TensorOptions().dtype(torch::kBool).device(device));
-  };
-  auto hidden = ones().triu(Tk - Tq + 1);
-  if (window > 0 && Tk > window)
-    hidden = hidden.logical_or(ones().tril(Tk - Tq - window));
-  return hidden;
-}
-
-// Causal attention written out: softmax(q k^T / sqrt(D) + mask) v, the mask
-// from hidden_keys. q: (B, H, Tq, D); k, v: (B, H, Tk, D) with Tk >= Tq, the
-// queries being the last Tq positions (so a KV cache can hold earlier
-// ones). The softmax runs in float32 at least. This is the portable path
-// and the test oracle for the fused kernels.
-inline torch::Tensor explicit_attention(
+// PyTorch's fused scaled-dot-product attention (flash / cuDNN /
+// memory-efficient on CUDA, Metal on MPS), which libtorch has from 2.0;
+// callers check has_fused_attention() first (ops/attention.h does).
+inline torch::Tensor fused_attention(
     const torch::Tensor& q,
     const torch::Tensor& k,
     const torch::Tensor& v,
-    int64_t window = 0) {
-  const int64_t Tq = q.size(2), Tk = k.size(2);
-  auto scores =
-      torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
-  auto compute = scores.scalar_type() == torch::kFloat64 ? torch::kFloat64
-                                                         : torch::kFloat32;
-  scores = scores.to(compute).masked_fill(
-      hidden_keys(Tq, Tk, window, q.device()),
-      -std::numeric_limits<double>::infinity());
-  return torch::matmul(torch::softmax(scores, -1).to(v.scalar_type()), v);
-}
-
-// Causal self-attention through the fused kernel where libtorch has one
-// (2.x: flash / cuDNN / memory-efficient on CUDA, Metal on MPS), else the
-// explicit path. The fused kernel's causal mask is aligned top-left, so it
-// is used only when queries and keys cover the same positions. A sliding
-// window that cuts in (Tk > window) goes through the fused kernel with an
-// explicit mask.
-inline torch::Tensor causal_attention(
-    const torch::Tensor& q,
-    const torch::Tensor& k,
-    const torch::Tensor& v,
-    int64_t window = 0) {
+    const c10::optional<torch::Tensor>& keep,
+    bool is_causal) {
 #if TORCH_VERSION_MAJOR >= 2
-  if (window > 0 && k.size(2) > window)
-    return at::scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        hidden_keys(q.size(2), k.size(2), window, q.device()).logical_not(),
-        0.0,
-        /*is_causal=*/false);
-  if (q.size(2) == k.size(2))
-    return at::scaled_dot_product_attention(
-        q, k, v, {}, 0.0, /*is_causal=*/true);
-  if (q.size(2) == 1) // one new token attends to every cached position
-    return at::scaled_dot_product_attention(
-        q, k, v, {}, 0.0, /*is_causal=*/false);
+  return at::scaled_dot_product_attention(q, k, v, keep, 0.0, is_causal);
+#else
+  throw std::logic_error("[fused_attention] needs libtorch 2.x");
 #endif
-  return explicit_attention(q, k, v, window);
 }
 
 // Autocast (mixed precision) for the tensors of one device type while the

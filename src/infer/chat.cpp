@@ -66,14 +66,10 @@ std::string Utf8Stream::flush() {
   return any ? "\xEF\xBF\xBD" : ""; // an unfinished character
 }
 
-ChatModel::ChatModel(LoadedModel model, torch::Device device)
+ChatModel::ChatModel(runs::LoadedModel model, torch::Device device)
     : loaded_(std::move(model)),
-      tok_(std::make_unique<text::Tokenizer>(
-          text::load_tokenizer(loaded_.tokenizer_dir))),
-      tmpl_(std::make_unique<text::ChatTemplate>(text::open_chat_template(
-          loaded_.tokenizer_dir,
-          *tok_,
-          loaded_.chat_template))),
+      tok_(loaded_.tokenizer),
+      tmpl_(std::make_unique<text::ChatTemplate>(runs::chat_template(loaded_))),
       engine_(loaded_.model, device) {
   for (auto id : tmpl_->stop_tokens())
     stop_.push_back(int64_t(id));
@@ -139,7 +135,7 @@ std::string ChatModel::reply(
 }
 
 std::vector<ChatSample> sample_chat_answers(
-    const LoadedModel& model,
+    const runs::LoadedModel& model,
     const std::string& chat_path,
     int count,
     const SamplingOptions& options) {

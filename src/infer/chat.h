@@ -37,7 +37,7 @@ class Utf8Stream {
 
 class ChatModel {
  public:
-  ChatModel(LoadedModel model, torch::Device device);
+  ChatModel(runs::LoadedModel model, torch::Device device);
 
   // The reply to `messages` (ending with a user or system message).
   // `on_text` gets the reply as it is made, in whole characters, and may
@@ -55,7 +55,7 @@ class ChatModel {
   const text::Tokenizer& tokenizer() const {
     return *tok_;
   }
-  const LoadedModel& loaded() const {
+  const runs::LoadedModel& loaded() const {
     return loaded_;
   }
   int64_t max_seq_len() const {
@@ -72,8 +72,8 @@ class ChatModel {
   std::string text_of(const std::vector<int64_t>& ids) const;
 
  private:
-  LoadedModel loaded_;
-  std::unique_ptr<text::Tokenizer> tok_;
+  runs::LoadedModel loaded_;
+  std::shared_ptr<const text::Tokenizer> tok_;
   std::unique_ptr<text::ChatTemplate> tmpl_;
   Engine engine_;
   std::vector<int64_t> stop_;
@@ -87,7 +87,7 @@ struct ChatSample {
 // the file): the prompt is each conversation up to its first answer, the
 // reference that answer.
 std::vector<ChatSample> sample_chat_answers(
-    const LoadedModel& model,
+    const runs::LoadedModel& model,
     const std::string& chat_path,
     int count,
     const SamplingOptions& options);

@@ -3,7 +3,6 @@
 #include "core/error.h"
 #include "data/shards.h"
 #include "text/tokenizer_io.h"
-#include "train/trained_model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -43,6 +42,17 @@ int64_t sample_token(
   }
   return torch::multinomial(probs, 1, /*replacement=*/false, gen)
       .item<int64_t>();
+}
+
+std::string sampling_problem(const SamplingOptions& o) {
+  if (o.temperature >= 0 && o.temperature <= kMaxTemperature && o.top_p > 0 &&
+      o.top_p <= 1 && o.top_k >= 0 && o.top_k <= kMaxTopK &&
+      o.max_new_tokens >= 1)
+    return "";
+  return "--temperature must be in [0, " +
+      std::to_string(int(kMaxTemperature)) +
+      "], --top-p in (0, 1], --top-k in [0, " + std::to_string(kMaxTopK) +
+      "] and --max-new-tokens >= 1.";
 }
 
 Engine::Engine(
@@ -106,23 +116,13 @@ std::vector<int64_t> Engine::generate(
   return out;
 }
 
-LoadedModel load_trained_model(const std::string& path) {
-  train::TrainedModel t = train::load_trained(path);
-  LoadedModel out;
-  out.model = t.model.ptr();
-  out.tokenizer_dir = t.tokenizer_dir;
-  out.checkpoint_dir = t.checkpoint_dir;
-  out.step = t.step;
-  return out;
-}
-
 std::vector<std::pair<std::string, std::string>> sample_validation_documents(
-    const LoadedModel& loaded,
+    const runs::LoadedModel& loaded,
     const std::vector<std::string>& val_shards,
     int count,
     int64_t prompt_tokens,
     const SamplingOptions& opt) {
-  text::Tokenizer tok = text::load_tokenizer(loaded.tokenizer_dir);
+  const text::Tokenizer& tok = *loaded.tokenizer;
   auto bos = tok.document_start();
   std::vector<std::pair<std::string, std::string>> out;
   if (!bos || val_shards.empty())

@@ -4,7 +4,8 @@
 // the same text on every device. The engine knows nothing about tokenizers.
 #pragma once
 
-#include "models/gpt.h"
+#include "models/language_model.h"
+#include "runs/load.h"
 
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,16 @@ struct SamplingOptions {
   uint64_t seed = 42;
   std::vector<int64_t> stop_tokens; // generation ends after one of these
 };
+
+// The ranges every caller accepts (generate, chat, serve): temperature in
+// [0, kMaxTemperature] (OpenAI's), top_p in (0, 1], top_k >= 0 (0: off), at
+// least one new token.
+constexpr double kMaxTemperature = 2.0;
+constexpr int64_t kMaxTopK = int64_t(1) << 20;
+
+// "" when `opt` is within those ranges, else what is wrong, in the
+// command line's flag names (the server reports its own field names).
+std::string sampling_problem(const SamplingOptions& opt);
 
 struct GenerationStats {
   int64_t prompt_tokens = 0, new_tokens = 0;
@@ -61,23 +72,11 @@ class Engine {
   torch::Device device_;
 };
 
-// A trained model from a run folder (its newest good checkpoint) or a
-// checkpoint folder; uses the EMA weights when the checkpoint has them.
-struct LoadedModel {
-  std::shared_ptr<models::LanguageModel> model;
-  std::string tokenizer_dir;
-  std::string checkpoint_dir;
-  int64_t step = 0;
-  // "": the tokenizer folder's own chat template; or a built-in family.
-  std::string chat_template;
-};
-LoadedModel load_trained_model(const std::string& run_or_checkpoint);
-
 // Continuations of the first `prompt_tokens` tokens of the first `count`
 // documents in validation shards: text the model has not trained on.
 // Returns (prompt, continuation) pairs.
 std::vector<std::pair<std::string, std::string>> sample_validation_documents(
-    const LoadedModel& model,
+    const runs::LoadedModel& model,
     const std::vector<std::string>& val_shards,
     int count,
     int64_t prompt_tokens,

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "models/checkpointing.h"
+#include "ops/attention.h"
 
 #include <cmath>
 #include <limits>
@@ -20,15 +21,19 @@ std::string GptConfig::tag() const {
   return tag;
 }
 
-GptConfig resolve_gpt_config(const PretrainConfig& cfg, int64_t vocab_size) {
+GptConfig resolve_gpt_config(
+    int64_t depth,
+    const ArchConfig& arch,
+    int64_t max_seq_len,
+    int64_t vocab_size) {
   GptConfig c;
-  c.vocab_size = cfg.arch.vocab_size.value_or(vocab_size);
-  c.n_layer = cfg.arch.n_layer.value_or(cfg.depth);
-  c.n_embd = cfg.arch.n_embd.value_or(kWidthPerLayer * cfg.depth);
-  c.n_head = cfg.arch.n_head.value_or(
+  c.vocab_size = arch.vocab_size.value_or(vocab_size);
+  c.n_layer = arch.n_layer.value_or(depth);
+  c.n_embd = arch.n_embd.value_or(kWidthPerLayer * depth);
+  c.n_head = arch.n_head.value_or(
       std::max<int64_t>(1, (c.n_embd + kHeadDim - 1) / kHeadDim));
-  c.n_kv_head = cfg.arch.n_kv_head.value_or(c.n_head);
-  c.max_seq_len = cfg.max_seq_len;
+  c.n_kv_head = arch.n_kv_head.value_or(c.n_head);
+  c.max_seq_len = max_seq_len;
   if (c.vocab_size < vocab_size)
     throw UserError(
         "arch.vocab_size=" + std::to_string(c.vocab_size) +
@@ -108,7 +113,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(
     k = k.repeat_interleave(n_head / n_kv_head, 1);
     v = v.repeat_interleave(n_head / n_kv_head, 1);
   }
-  auto y = compat::causal_attention(q, k, v); // (B, H, T, D)
+  auto y = ops::causal_attention(q, k, v); // (B, H, T, D)
   y = y.transpose(1, 2).contiguous().view({B, T, n_head * head_dim});
   return c_proj(y);
 }

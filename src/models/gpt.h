@@ -15,12 +15,12 @@
 #pragma once
 
 #include "models/language_model.h"
-#include "train/pretrain_config.h"
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,10 +41,24 @@ struct GptConfig {
   std::string tag() const; // "d6" when n_layer == 6
 };
 
+// Explicit sizes (the arch.* settings); each `auto` field is derived from
+// `depth`.
+struct ArchConfig {
+  std::optional<int64_t> n_layer;    // auto: depth
+  std::optional<int64_t> n_embd;     // auto: 64 * depth
+  std::optional<int64_t> n_head;     // auto: n_embd / 128, at least 1
+  std::optional<int64_t> n_kv_head;  // auto: n_head (no grouped-query)
+  std::optional<int64_t> vocab_size; // auto: the tokenizer's
+};
+
 // Sizes from `depth` and the explicit arch.* settings; UserError when they
 // are inconsistent (width not divisible by heads, heads not by kv heads,
 // odd head dim for rotary).
-GptConfig resolve_gpt_config(const PretrainConfig& cfg, int64_t vocab_size);
+GptConfig resolve_gpt_config(
+    int64_t depth,
+    const ArchConfig& arch,
+    int64_t max_seq_len,
+    int64_t vocab_size);
 
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptConfig& c);

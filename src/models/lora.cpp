@@ -1,15 +1,56 @@
 #include "models/lora.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 
 namespace orchard::models {
+
+const std::vector<std::string>& llama_projections() {
+  static const std::vector<std::string> all = {
+      "q_proj",
+      "k_proj",
+      "v_proj",
+      "o_proj",
+      "gate_proj",
+      "up_proj",
+      "down_proj"};
+  return all;
+}
+
+std::vector<std::string> normalize_target_modules(
+    const std::vector<std::string>& names) {
+  const std::vector<std::string>& all = llama_projections();
+  std::vector<std::string> out;
+  for (auto n : names) {
+    if (n == "all-linear" || n == "all_linear") {
+      out = all;
+      continue;
+    }
+    if (n.find("_proj") == std::string::npos)
+      n += "_proj";
+    if (std::find(all.begin(), all.end(), n) == all.end())
+      throw UserError(
+          "lora.target_modules names '" + n +
+          "'; the Llama-family projections are q_proj, k_proj, v_proj, "
+          "o_proj, gate_proj, up_proj and down_proj (or q, k, v, o, gate, "
+          "up, down, all-linear).");
+    if (std::find(out.begin(), out.end(), n) == out.end())
+      out.push_back(n);
+  }
+  if (out.empty())
+    throw UserError(
+        "lora.target_modules is empty; name at least one projection.");
+  return out;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -198,9 +239,7 @@ void write_merged_model(
       state,
       {{"format", "pt"}});
   nlohmann::json config = model->config.raw;
-  const std::string dtype = model->config.dtype == torch::kBFloat16 ? "bfloat16"
-      : model->config.dtype == torch::kFloat16                      ? "float16"
-                                                                    : "float32";
+  const std::string dtype = dtype_name(model->config.dtype);
   if (config.contains("dtype"))
     config["dtype"] = dtype;
   else

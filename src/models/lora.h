@@ -14,7 +14,7 @@
 // is unsupported, never loaded approximately.
 #pragma once
 
-#include "models/llama.h"
+#include "models/hf/model.h"
 
 #include <string>
 

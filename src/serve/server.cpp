@@ -120,9 +120,9 @@ infer::SamplingOptions sampling_of(
           key};
     out = v;
   };
-  number("temperature", 0, 2, s.temperature);
+  number("temperature", 0, infer::kMaxTemperature, s.temperature);
   number("top_p", 1e-9, 1, s.top_p);
-  integer("top_k", 0, 1 << 20, s.top_k);
+  integer("top_k", 0, infer::kMaxTopK, s.top_k);
   integer("max_tokens", 1, opt.max_tokens_limit, s.max_new_tokens);
   integer("max_completion_tokens", 1, opt.max_tokens_limit, s.max_new_tokens);
   int64_t seed = 0;

@@ -2,7 +2,9 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -188,6 +190,23 @@ Tokenizer BpeTrainer::train(
     *stats_out = m.stats;
   return Tokenizer(
       std::move(tokens), std::move(special), m.pre.pattern(), "orchard");
+}
+
+std::string BpeTrainStats::summary() const {
+  char line[256];
+  std::snprintf(
+      line,
+      sizeof line,
+      "Read %.1f MB (%llu pieces, %llu unique) in %.1f s (%.1f MB/s); %llu "
+      "merges in %.1f s.",
+      double(bytes) / 1e6,
+      (unsigned long long)pieces,
+      (unsigned long long)unique_pieces,
+      count_seconds,
+      double(bytes) / 1e6 / std::max(count_seconds, 1e-9),
+      (unsigned long long)merges,
+      merge_seconds);
+  return line;
 }
 
 } // namespace orchard::text

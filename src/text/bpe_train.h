@@ -33,6 +33,9 @@ struct BpeTrainOptions {
 struct BpeTrainStats {
   uint64_t bytes = 0, pieces = 0, unique_pieces = 0, merges = 0;
   double count_seconds = 0, merge_seconds = 0;
+  // "Read 1.2 MB (... pieces, ... unique) in 0.3 s (4.0 MB/s); 2000
+  // merges in 1.1 s."
+  std::string summary() const;
 };
 
 class BpeTrainer {

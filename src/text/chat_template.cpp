@@ -392,4 +392,16 @@ std::vector<TokenId> ChatTemplate::stop_tokens() const {
   return out;
 }
 
+std::string describe_chat_template(
+    const std::string& tokenizer_dir,
+    const Tokenizer& tok) {
+  try {
+    auto t = open_chat_template(tokenizer_dir, tok);
+    return t.own_template() ? t.describe() + " (the model's Jinja template)"
+                            : chat_family_name(t.family()) + " (built-in)";
+  } catch (const UserError& e) {
+    return std::string("none usable: ") + e.what();
+  }
+}
+
 } // namespace orchard::text

@@ -18,6 +18,7 @@
 //   mistral  <s>[INST] hi [/INST]yo</s>
 #pragma once
 
+#include "text/conversation.h"
 #include "text/tokenizer.h"
 
 #include <cstdint>
@@ -28,19 +29,9 @@
 
 namespace orchard::text {
 
-struct Message {
-  std::string role; // system, user or assistant
-  std::string content;
-};
-
 enum class ChatFamily { Orchard, Llama3, ChatML, Mistral };
 
 class ModelTemplate;
-
-struct Rendered {
-  std::vector<TokenId> ids;
-  std::vector<uint8_t> mask; // same length as ids
-};
 
 // "orchard", "llama3", "chatml", "mistral" (the chat_template= values).
 ChatFamily parse_chat_family(const std::string& name);
@@ -113,5 +104,12 @@ ChatTemplate open_chat_template(
 std::string chat_template_fingerprint(
     const std::string& tokenizer_dir,
     const std::string& family = "");
+
+// What conversations of a tokenizer folder are rendered with, for `orchard
+// tokenizer info`: the folder's own Jinja template, a built-in family, or
+// why neither works.
+std::string describe_chat_template(
+    const std::string& tokenizer_dir,
+    const Tokenizer& tok);
 
 } // namespace orchard::text

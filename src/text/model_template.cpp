@@ -1,7 +1,7 @@
 #include "text/model_template.h"
 
 #include "core/error.h"
-#include "text/chat_template.h"
+#include "text/conversation.h"
 #include "text/jinja_builtins.h"
 
 #include <algorithm>

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -172,6 +174,38 @@ Tokenizer load_tokenizer(const std::string& path) {
   if (p.extension() == ".json")
     return load_hf_tokenizer(path);
   return load_tiktoken(path);
+}
+
+std::vector<TokenId> parse_token_ids(const std::string& text) {
+  std::istringstream words(text);
+  std::vector<TokenId> ids;
+  std::string word;
+  for (size_t n = 1; words >> word; ++n) {
+    char* end = nullptr;
+    unsigned long v = std::strtoul(word.c_str(), &end, 10);
+    if (*end != '\0' || word[0] == '-' || v > UINT32_MAX)
+      throw UserError(
+          "decode input, token " + std::to_string(n) + ": '" + word +
+          "' is not a token id (whole numbers separated "
+          "by spaces, as `orchard tokenizer encode` prints).");
+    ids.push_back(TokenId(v));
+  }
+  return ids;
+}
+
+std::string printable(const std::string& bytes) {
+  std::ostringstream out;
+  for (unsigned char c : bytes) {
+    if (c == '\n')
+      out << "\\n";
+    else if (c == '\t')
+      out << "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out << "\\x" << std::hex << int(c) << std::dec;
+    else
+      out << c;
+  }
+  return out.str();
 }
 
 } // namespace orchard::text

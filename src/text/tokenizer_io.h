@@ -21,6 +21,14 @@ Tokenizer load_tokenizer(const std::string& path);
 
 // RFC 4648 base64 (with padding); throws std::invalid_argument on bad input.
 std::string base64_decode(std::string_view in);
+
+// Token ids written as whole numbers separated by blanks (what `orchard
+// tokenizer encode` prints); UserError naming the first that is not one.
+std::vector<TokenId> parse_token_ids(const std::string& text);
+
+// Bytes with newlines, tabs and control bytes escaped (\n, \t, \xNN), for
+// printing special tokens.
+std::string printable(const std::string& bytes);
 std::string base64_encode(std::string_view in);
 
 } // namespace orchard::text

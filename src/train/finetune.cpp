@@ -1,5 +1,6 @@
 #include "train/finetune.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/memory_stats.h"
@@ -22,15 +23,7 @@
 
 namespace orchard::train {
 namespace {
-
 namespace fs = std::filesystem;
-
-std::string dtype_label(torch::ScalarType t) {
-  return t == torch::kBFloat16 ? "bfloat16"
-      : t == torch::kFloat16   ? "float16"
-                               : "float32";
-}
-
 } // namespace
 
 models::LoraSpec lora_spec(const FinetuneConfig& cfg) {
@@ -40,10 +33,6 @@ models::LoraSpec lora_spec(const FinetuneConfig& cfg) {
   s.dropout = cfg.lora_dropout;
   s.target_modules = models::normalize_target_modules(cfg.lora_target_modules);
   return s;
-}
-
-bool is_finetune_stage(const std::string& stage) {
-  return stage == "lora" || stage == "full";
 }
 
 const config::Schema& finetune_schema() {
@@ -123,8 +112,18 @@ const config::Schema& finetune_schema() {
     s.add(
         {.key = "gradient_accumulation_steps",
          .access = field(&C::gradient_accumulation_steps),
-         .help = "micro-steps per optimizer step (1)",
+         .help = "micro-steps per optimizer step (1); with device_batch_size "
+                 "auto, the effective batch is 8 x this and the machine "
+                 "splits it",
          .aliases = {"grad_accum"},
+         .min = 1});
+    s.add(
+        {.key = "total_batch_size",
+         .access = field(&C::total_batch_size),
+         .help = "tokens per optimizer step, a multiple of max_seq_length "
+                 "(auto: device_batch_size x gradient_accumulation_steps x "
+                 "max_seq_length)",
+         .env = "TOTAL_BATCH_SIZE",
          .min = 1});
     s.add(
         {.key = "pack",
@@ -268,6 +267,31 @@ const config::Schema& finetune_schema() {
   return schema;
 }
 
+int64_t finetune_rows_per_step(const FinetuneConfig& cfg) {
+  const int64_t T = cfg.max_seq_length;
+  int64_t rows = cfg.device_batch_size.value_or(kDefaultRowsPerDevice) *
+      cfg.gradient_accumulation_steps;
+  if (cfg.total_batch_size) {
+    if (*cfg.total_batch_size % T != 0)
+      throw UserError(
+          "total_batch_size=" + std::to_string(*cfg.total_batch_size) +
+          " is not a whole number of rows of max_seq_length=" +
+          std::to_string(T) + " tokens; use a multiple of " +
+          std::to_string(T) + " (e.g. " +
+          std::to_string(std::max<int64_t>(1, *cfg.total_batch_size / T) * T) +
+          ").");
+    rows = *cfg.total_batch_size / T;
+  }
+  if (cfg.device_batch_size && rows % *cfg.device_batch_size != 0)
+    throw UserError(
+        "device_batch_size=" + std::to_string(*cfg.device_batch_size) +
+        " does not divide the " + std::to_string(rows) +
+        " rows per step of total_batch_size=" + std::to_string(rows * T) +
+        "; choose a divisor of " + std::to_string(rows) +
+        " or leave device_batch_size at auto.");
+  return rows;
+}
+
 torch::ScalarType finetune_dtype(
     const FinetuneConfig& cfg,
     const DeviceInfo& device) {
@@ -282,18 +306,7 @@ torch::ScalarType finetune_dtype(
           std::string(" contradicts dtype=") + d + "; set one of them.");
     d = want;
   }
-  if (d == "float32")
-    return torch::kFloat32;
-  if (d == "bfloat16")
-    return torch::kBFloat16;
-  if (d == "float16")
-    return torch::kFloat16;
-  if (device.kind == "mps")
-    return torch::kBFloat16;
-  if (device.kind == "cuda" &&
-      (device.compute_capability == 0 || device.compute_capability >= 80))
-    return torch::kBFloat16;
-  return torch::kFloat32;
+  return resolve_dtype(d, "dtype", device);
 }
 
 namespace {
@@ -314,8 +327,8 @@ Precision finetune_precision(
   precision.compute = torch::kFloat32;
   precision.loss_scaling = dtype == torch::kFloat16;
   precision.name = (cfg.load_in_4bit ? "4-bit NF4 base (frozen, computing in " +
-                            dtype_label(dtype) + ")"
-                                     : dtype_label(dtype) + " base (frozen)") +
+                            dtype_name(dtype) + ")"
+                                     : dtype_name(dtype) + " base (frozen)") +
       ", float32 adapters";
   precision.why = cfg.dtype == "auto" && !cfg.fp16 && !cfg.bf16
       ? "auto: " + device.kind
@@ -326,13 +339,13 @@ Precision finetune_precision(
 // The model a run trains, loaded as `cfg` says (the base in `dtype` or 4
 // bits with LoRA added for stage=lora, float32 for stage=full), in train
 // mode, with the parameters the optimizer updates.
-struct TrainedModel {
+struct TrainableModel {
   models::Llama model{nullptr};
   std::vector<std::pair<std::string, torch::Tensor>> trained;
   int64_t parameters = 0, trainable = 0;
 };
 
-TrainedModel load_trained_model(
+TrainableModel load_for_training(
     const FinetuneConfig& cfg,
     torch::ScalarType dtype,
     const torch::Device& dev) {
@@ -342,7 +355,7 @@ TrainedModel load_trained_model(
   lo.dtype = lora ? dtype : torch::kFloat32;
   lo.context = cfg.max_seq_length;
   lo.load_in_4bit = lora && cfg.load_in_4bit;
-  TrainedModel t;
+  TrainableModel t;
   t.model = models::load_hf_model(cfg.model, lo);
   t.model->gradient_checkpointing = cfg.gradient_checkpointing;
   if (lora)
@@ -390,7 +403,7 @@ FinetuneProbe measure_finetune_peak(
   uint64_t peak = 0;
   {
     torch::manual_seed(uint64_t(cfg.seed));
-    TrainedModel t = load_trained_model(cfg, dtype, dev);
+    TrainableModel t = load_for_training(cfg, dtype, dev);
     Optimizers optimizers = finetune_optimizers(cfg, std::move(t.trained));
     auto x = torch::randint(0, mc.vocab_size, {batch, T}, torch::kLong).to(dev);
     auto y = torch::randint(0, mc.vocab_size, {batch, T}, torch::kLong).to(dev);
@@ -407,7 +420,7 @@ FinetuneProbe measure_finetune_peak(
   return r;
 }
 
-FinetuneResult run_finetune(
+TrainResult run_finetune(
     const FinetuneConfig& cfg,
     const config::Origins& origins,
     const DeviceInfo& device) {
@@ -439,7 +452,12 @@ FinetuneResult run_finetune(
         "max_position_embeddings (" +
         std::to_string(mc.max_position_embeddings) + ").");
 
-  FinetuneResult result;
+  finetune_rows_per_step(cfg); // a batch that does not divide fails first
+
+  TrainResult result;
+  result.stage = cfg.stage;
+  result.tokenizer_dir = cfg.model;
+  result.init_dir = cfg.model;
   const std::string name = !cfg.run.empty() ? cfg.run
       : fs::path(cfg.model).lexically_normal().filename().string().empty()
       ? fs::path(cfg.model).lexically_normal().parent_path().filename().string()
@@ -448,19 +466,18 @@ FinetuneResult run_finetune(
       !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
+  FinetuneConfig written = cfg;
   config::write_yaml(
-      result.run_dir + "/config.yaml",
-      finetune_schema(),
-      const_cast<FinetuneConfig*>(&cfg),
-      origins);
+      result.run_dir + "/config.yaml", finetune_schema(), &written, origins);
 
   // Data: the model's tokenizer and chat template; cached by content.
-  PretrainConfig pc;
-  pc.data_dir = cfg.data_dir;
-  pc.chat_data = cfg.data;
-  pc.max_seq_len = T;
   ChatData chats = prepare_chat_data(
-      pc, cfg.model, [&](const std::string& s) { log(s); }, cfg.chat_template);
+      {.files = cfg.data,
+       .data_dir = cfg.data_dir,
+       .max_seq_len = T,
+       .tokenizer_dir = cfg.model,
+       .chat_template = cfg.chat_template},
+      [&](const std::string& s) { log(s); });
   result.data_description = chats.description;
   result.chat_val = chats.val;
   auto train_file =
@@ -474,7 +491,8 @@ FinetuneResult run_finetune(
   const FinetuneMemory est = plan.choice.memory;
   const std::string batch_why = cfg.device_batch_size
       ? "as set"
-      : "auto: the largest of 1-16 whose estimated peak fits " +
+      : "auto: the largest of 1-16 dividing the step's rows whose estimated "
+        "peak fits " +
           format_mb(double(plan.budget)) + " (" + plan.budget_why + ")";
   if (!plan.choice.fits)
     log("Warning: the estimated peak " + format_mb(est.total()) +
@@ -483,7 +501,8 @@ FinetuneResult run_finetune(
         "; lower max_seq_length, keep gradient_checkpointing=true" +
         (lora && dtype == torch::kFloat32 ? ", use dtype=bfloat16" : "") +
         ", or use a smaller model.");
-  const int64_t accum = cfg.gradient_accumulation_steps;
+  const int64_t rows_per_step = finetune_rows_per_step(cfg);
+  const int64_t accum = rows_per_step / B;
   const int64_t rows_per_epoch = cfg.pack
       ? std::max<int64_t>(1, int64_t(train_file->total_tokens()) / T)
       : int64_t(train_file->size());
@@ -499,9 +518,9 @@ FinetuneResult run_finetune(
   torch::manual_seed(uint64_t(cfg.seed));
   log("Loading " + mc.architecture + " from " + cfg.model + " (" +
       (lora && cfg.load_in_4bit ? "4-bit NF4 projections, " : "") +
-      dtype_label(lora ? dtype : torch::kFloat32) + " weights on " +
+      dtype_name(lora ? dtype : torch::kFloat32) + " weights on " +
       device.name + ")...");
-  TrainedModel loaded = load_trained_model(cfg, dtype, dev);
+  TrainableModel loaded = load_for_training(cfg, dtype, dev);
   models::Llama model = loaded.model;
   result.parameters = loaded.parameters;
   result.trainable_parameters = loaded.trainable;
@@ -599,9 +618,12 @@ FinetuneResult run_finetune(
         format_mb(est.trainable + est.gradients + est.optimizer) +
         ", activations " + format_mb(est.activations) + ", loss " +
         format_mb(est.logits) + "); budget " + format_mb(double(plan.budget)));
-    log("Batch: " + std::to_string(B) + " x " + std::to_string(T) +
-        " tokens per micro-step (" + batch_why + ")" +
-        (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +
+    log("Batch: " + std::to_string(rows_per_step) + " rows of " +
+        std::to_string(T) + " tokens per step (" +
+        std::to_string(rows_per_step * T) +
+        " tokens, the same on every machine) = " + std::to_string(B) +
+        " per micro-step (" + batch_why + ")" +
+        (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") + " x " +
         std::to_string(accum) + " accumulation step(s); " +
         std::to_string(total) + " steps; run folder " + result.run_dir);
   }
@@ -614,6 +636,7 @@ FinetuneResult run_finetune(
   result.peak_memory_bytes = tr.peak_memory_bytes;
   result.val_loss = tr.final_eval.loss;
   result.micro_batch = tr.micro_batch;
+  result.checkpoint_dir = tr.checkpoint_dir;
   if (tr.interrupted)
     return result;
   // The result in the formats other tools read, from the final weights.
@@ -625,6 +648,8 @@ FinetuneResult run_finetune(
     result.output_dir = result.run_dir + "/model";
     models::write_merged_model(model, cfg.model, result.output_dir);
   }
+  // The report names the folder other tools read.
+  result.checkpoint_dir = result.output_dir;
   if (!tr.already_done)
     log("Done: step " + std::to_string(total) +
         ", validation loss on held-out answers " +

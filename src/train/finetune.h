@@ -19,7 +19,8 @@
 
 #include "core/config.h"
 #include "core/device.h"
-#include "models/llama.h"
+#include "models/hf/model.h"
+#include "train/pretrain.h"
 
 #include <cstdint>
 #include <optional>
@@ -43,8 +44,15 @@ struct FinetuneConfig {
   std::vector<std::string> lora_target_modules = models::llama_projections();
 
   int64_t max_seq_length = 1024;
+  // The recipe is the effective batch, the same on every machine: rows per
+  // optimizer step = device_batch_size x gradient_accumulation_steps as
+  // written (kDefaultRowsPerDevice for an auto device_batch_size), or
+  // total_batch_size / max_seq_length when that is set. With
+  // device_batch_size=auto the machine picks the micro-batch (a divisor of
+  // the rows that fits) and accumulation makes up the rest.
   std::optional<int64_t> device_batch_size; // auto: the memory estimate's
   int64_t gradient_accumulation_steps = 1;
+  std::optional<int64_t> total_batch_size; // tokens per optimizer step
   bool pack = true; // whole conversations back to back in each row
   std::optional<double> num_train_epochs; // default 1 when max_steps unset
   std::optional<int64_t> max_steps;
@@ -81,23 +89,18 @@ struct FinetuneConfig {
 
 const config::Schema& finetune_schema();
 
+// transformers' per_device_train_batch_size default: the rows an auto
+// device_batch_size stands for in the effective batch.
+constexpr int64_t kDefaultRowsPerDevice = 8;
+
+// Rows per optimizer step (see FinetuneConfig); UserError when
+// total_batch_size is not a whole number of rows, or a set
+// device_batch_size does not divide them.
+int64_t finetune_rows_per_step(const FinetuneConfig& cfg);
+
 // The adapters `cfg` asks for (lora.r, lora.alpha, lora.dropout, its
 // target modules normalized).
 models::LoraSpec lora_spec(const FinetuneConfig& cfg);
-
-// Whether a stage name belongs to fine-tuning (lora, full).
-bool is_finetune_stage(const std::string& stage);
-
-struct FinetuneResult {
-  std::string run_dir, output_dir;        // adapter/ or model/
-  std::string data_description, chat_val; // held-out records (.chat)
-  int64_t step = 0, total = 0;
-  double val_loss = 0;
-  bool interrupted = false, already_done = false;
-  double train_seconds = 0;
-  uint64_t peak_memory_bytes = 0;
-  int64_t micro_batch = 0, trainable_parameters = 0, parameters = 0;
-};
 
 // A LoRA or full fine-tuning run's memory (finetune_memory.cpp), in bytes (base
 // weights, trainable weights, gradients, AdamW state, activations of B x T
@@ -120,8 +123,8 @@ FinetuneMemory finetune_memory(
     int64_t micro_batch);
 
 // Micro-batches 1, 2, 4, 8, 16 with their estimates against the budget; the
-// choice is device_batch_size when set, else the largest that fits (1 when
-// none does, with fits = false).
+// choice is device_batch_size when set, else the largest that fits and
+// divides the rows per step (1 when none fits, with fits = false).
 struct FinetunePlan {
   struct Row {
     int64_t batch = 0;
@@ -162,7 +165,10 @@ FinetuneProbe measure_finetune_peak(
     const DeviceInfo& device,
     int64_t batch);
 
-FinetuneResult run_finetune(
+// Trains stage=lora|full; `result.output_dir` is the adapter or model
+// folder, `chat_val` the held-out records and `tokenizer_dir` the model
+// folder.
+TrainResult run_finetune(
     const FinetuneConfig& cfg,
     const config::Origins& origins,
     const DeviceInfo& device);

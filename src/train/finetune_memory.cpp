@@ -3,6 +3,7 @@
 // prints. Checked against `orchard plan --probe` (bench/RESULTS.md).
 #include "train/finetune.h"
 
+#include "core/dtype.h"
 #include "train/memory_plan.h"
 
 #include <algorithm>
@@ -12,14 +13,11 @@
 namespace orchard::train {
 namespace {
 
-size_t dtype_bytes(torch::ScalarType t) {
-  return t == torch::kFloat32 ? 4 : t == torch::kFloat64 ? 8 : 2;
-}
-
+// `spec` from lora_spec(), whose target names are normalized.
 int64_t lora_parameter_count(
     const models::HfModelConfig& m,
     const models::LoraSpec& spec) {
-  auto targets = models::normalize_target_modules(spec.target_modules);
+  const auto& targets = spec.target_modules;
   const int64_t C = m.hidden_size, I = m.intermediate_size;
   const int64_t q = m.num_attention_heads * m.head_dim;
   const int64_t kv = m.num_key_value_heads * m.head_dim;
@@ -138,6 +136,7 @@ FinetunePlan plan_finetune(
     r.fits = r.memory.total() <= double(budget.bytes);
     p.rows.push_back(r);
   }
+  const int64_t rows = finetune_rows_per_step(cfg); // checks divisibility
   if (cfg.device_batch_size) {
     const int64_t b = *cfg.device_batch_size;
     p.choice = {b, finetune_memory(mc, cfg, dtype, b), false};
@@ -146,12 +145,14 @@ FinetunePlan plan_finetune(
         (p.choice.fits ? "it fits" : "it does not fit");
     return p;
   }
+  // The effective batch is the recipe: the micro-batch must divide it.
   p.choice = p.rows.front();
   for (const auto& r : p.rows)
-    if (r.fits)
+    if (r.fits && rows % r.batch == 0)
       p.choice = r;
   p.why = p.choice.fits
-      ? "the largest micro-batch whose estimate fits the budget"
+      ? "the largest micro-batch that divides the " + std::to_string(rows) +
+          " rows per step and whose estimate fits the budget"
       : "nothing fits, not even one row: lower max_seq_length, keep "
         "gradient_checkpointing=true, use dtype=bfloat16, or a smaller model";
   return p;

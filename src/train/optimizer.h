@@ -17,7 +17,7 @@
 // equal), applied to all tensors of a step at once.
 #pragma once
 
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 
 #include <torch/torch.h>
 
@@ -27,6 +27,8 @@
 #include <vector>
 
 namespace orchard::train {
+
+using runs::NamedTensors;
 
 struct ParamGroup {
   std::string name; // "matrices", "embedding", "lm_head"

@@ -1,46 +1,22 @@
 #include "train/precision.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 
 namespace orchard::train {
-namespace {
-
-// bfloat16 arithmetic is native from Ampere (sm_80) on; older GPUs emulate
-// it slowly.
-constexpr int kFirstBf16ComputeCapability = 80;
-
-torch::ScalarType parse_dtype(const std::string& dtype) {
-  if (dtype == "float32")
-    return torch::kFloat32;
-  if (dtype == "bfloat16")
-    return torch::kBFloat16;
-  if (dtype == "float16")
-    return torch::kFloat16;
-  throw UserError(
-      "dtype=" + dtype + ": expected auto, float32, bfloat16 or float16.");
-}
-
-} // namespace
 
 Precision resolve_precision(
     const std::string& dtype,
     const DeviceInfo& device) {
   Precision p;
   const auto type = device.device.type();
-  if (dtype == "auto") {
-    bool bf16_native = type == torch::kCUDA &&
-        (device.compute_capability == 0 ||
-         device.compute_capability >= kFirstBf16ComputeCapability);
-    p.compute = bf16_native ? torch::kBFloat16 : torch::kFloat32;
-    p.why = bf16_native ? "auto: CUDA computes bfloat16 natively"
-        : type == torch::kCUDA
-        ? "auto: this GPU predates bfloat16 (compute capability " +
-            std::to_string(device.compute_capability) +
-            "); dtype=float16 is the faster choice"
-        : "auto: the default on " + device.kind;
+  const std::optional<torch::ScalarType> asked = parse_dtype(dtype, "dtype");
+  if (!asked) {
+    p.compute = auto_dtype(device);
+    p.why = auto_dtype_reason(device);
   } else {
-    p.compute = parse_dtype(dtype);
+    p.compute = *asked;
     p.why = "dtype=" + dtype;
     if (!compat::autocast_supported(type, p.compute))
       throw UserError(

@@ -5,6 +5,8 @@
 #include "core/torch_compat.h"
 #include "data/loader.h"
 #include "data/text_prep.h"
+#include "runs/load.h"
+#include "runs/run_folder.h"
 #include "text/tokenizer_io.h"
 #include "train/data_cache.h"
 #include "train/memory_plan.h"
@@ -12,7 +14,6 @@
 #include "train/precision.h"
 #include "train/schedule.h"
 #include "train/stage_data.h"
-#include "train/trained_model.h"
 #include "train/trainer.h"
 
 #include <cmath>
@@ -279,22 +280,22 @@ TrainResult run_training(
 
   // The model to start from (mid, sft): init, or the previous stage's run
   // of the same name.
-  std::optional<TrainedModel> init;
+  std::optional<runs::TrainedGpt> init;
   if (!base) {
     const std::string name = !cfg.run.empty()
         ? cfg.run
         : "d" + std::to_string(cfg.arch.n_layer.value_or(cfg.depth));
     const std::string from = cfg.init != "auto"
         ? cfg.init
-        : stage_run_dir(previous_stage(cfg.stage), name);
-    if (cfg.init == "auto" && list_checkpoints(from).empty())
+        : runs::stage_run_dir(runs::previous_stage(cfg.stage), name);
+    if (cfg.init == "auto" && runs::list_checkpoints(from).empty())
       throw UserError(
           "stage=" + cfg.stage + " starts from " + from +
           ", which holds no checkpoint: train stage=" +
-          previous_stage(cfg.stage) +
+          runs::previous_stage(cfg.stage) +
           " first (or run `orchard pipeline`), "
           "or name a run or checkpoint folder with init=PATH.");
-    init = load_trained(from, /*prefer_ema=*/true);
+    init = runs::load_gpt(from, /*prefer_ema=*/true);
     result.init_dir = init->checkpoint_dir;
   }
 
@@ -310,7 +311,12 @@ TrainResult run_training(
     val_shards = data.val_shards;
   } else {
     result.tokenizer_dir = init->tokenizer_dir;
-    ChatData chats = prepare_chat_data(cfg, result.tokenizer_dir, say_early);
+    ChatData chats = prepare_chat_data(
+        {.files = cfg.chat_data,
+         .data_dir = cfg.data_dir,
+         .max_seq_len = T,
+         .tokenizer_dir = result.tokenizer_dir},
+        say_early);
     result.chat_val = chats.val;
     if (sft) {
       chat_train =
@@ -337,7 +343,7 @@ TrainResult run_training(
 
   models::GptConfig mc;
   if (base) {
-    mc = models::resolve_gpt_config(cfg, int64_t(tok.vocab_size()));
+    mc = resolve_gpt_config(cfg, int64_t(tok.vocab_size()));
   } else {
     mc = init->config;
     mc.max_seq_len = T;
@@ -357,7 +363,7 @@ TrainResult run_training(
   const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T);
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir
-      : stage_run_dir(cfg.stage, cfg.run.empty() ? mc.tag() : cfg.run);
+      : runs::stage_run_dir(cfg.stage, cfg.run.empty() ? mc.tag() : cfg.run);
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
 

@@ -24,6 +24,7 @@
 
 namespace orchard::train {
 
+// What a stage's training produced, whichever the stage.
 struct TrainResult {
   std::string stage, run_dir, tokenizer_dir;
   int64_t step = 0, total = 0;
@@ -38,6 +39,10 @@ struct TrainResult {
   std::string data_description;        // "WordNet glosses (...)"
   std::vector<std::string> val_shards; // base/mid: for samples
   std::string chat_val;                // mid/sft: held-out conversations
+  // lora/full: the adapter (PEFT) or model folder written at the end; the
+  // micro-batch at the end; the trained and all parameters.
+  std::string output_dir;
+  int64_t micro_batch = 0, trainable_parameters = 0, parameters = 0;
 };
 
 // What samples are drawn from: continuations of held-out documents (base)

@@ -5,7 +5,7 @@ namespace orchard {
 const config::Schema& pretrain_schema() {
   using config::field;
   using C = PretrainConfig;
-  using A = ArchConfig;
+  using A = models::ArchConfig;
   static const config::Schema schema = [] {
     config::Schema s("training");
     s.add(
@@ -92,12 +92,14 @@ const config::Schema& pretrain_schema() {
         {.key = "max_seq_len",
          .access = field(&C::max_seq_len),
          .help = "tokens per sequence (256; 2048 for GPT-2 class)",
+         .aliases = {"max_seq_length"},
          .min = 1});
     s.add(
         {.key = "device_batch_size",
          .access = field(&C::device_batch_size),
          .help = "sequences per micro-step (auto: the largest that fits)",
          .env = "DEVICE_BATCH_SIZE",
+         .aliases = {"per_device_train_batch_size"},
          .min = 1});
     s.add(
         {.key = "total_batch_size",
@@ -123,12 +125,14 @@ const config::Schema& pretrain_schema() {
          .access = field(&C::num_iterations),
          .help = "optimizer steps (100; auto: one pass over the data)",
          .env = "BASE_ITERATIONS",
+         .aliases = {"max_steps"},
          .min = 1});
     s.add(
         {.key = "epochs",
          .access = field(&C::epochs),
          .help = "passes over the training data (auto; instead of "
                  "num_iterations)",
+         .aliases = {"num_train_epochs"},
          .min = 0});
     s.add(
         {.key = "target_tokens",
@@ -191,6 +195,7 @@ const config::Schema& pretrain_schema() {
         {.key = "grad_clip",
          .access = field(&C::grad_clip),
          .help = "clip the gradient norm to this (1.0; 0 turns it off)",
+         .aliases = {"max_grad_norm"},
          .min = 0});
     s.add(
         {.key = "dtype",
@@ -240,6 +245,7 @@ const config::Schema& pretrain_schema() {
         {.key = "eval_every",
          .access = field(&C::eval_every),
          .help = "steps between validation losses (50; 0: only at the end)",
+         .aliases = {"eval_steps"},
          .min = 0});
     s.add(
         {.key = "eval_tokens",
@@ -263,6 +269,7 @@ const config::Schema& pretrain_schema() {
         {.key = "save_every",
          .access = field(&C::save_every),
          .help = "steps between checkpoints (25; 0: only at the end)",
+         .aliases = {"save_steps"},
          .min = 0});
     s.add(
         {.key = "save_total_limit",
@@ -272,6 +279,13 @@ const config::Schema& pretrain_schema() {
     return s;
   }();
   return schema;
+}
+
+models::GptConfig resolve_gpt_config(
+    const PretrainConfig& cfg,
+    int64_t vocab_size) {
+  return models::resolve_gpt_config(
+      cfg.depth, cfg.arch, cfg.max_seq_len, vocab_size);
 }
 
 } // namespace orchard

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/config.h"
+#include "models/gpt.h"
 
 #include <cstdint>
 #include <optional>
@@ -15,15 +16,6 @@
 #include <vector>
 
 namespace orchard {
-
-// Explicit architecture; each `auto` field is derived from `depth`.
-struct ArchConfig {
-  std::optional<int64_t> n_layer;    // auto: depth
-  std::optional<int64_t> n_embd;     // auto: 64 * depth
-  std::optional<int64_t> n_head;     // auto: n_embd / 128, at least 1
-  std::optional<int64_t> n_kv_head;  // auto: n_head (no grouped-query)
-  std::optional<int64_t> vocab_size; // auto: the tokenizer's
-};
 
 // The defaults are `orchard train` with no arguments: the quick run that
 // `./orchard.sh quickstart` trains (d4, 100 Muon steps of 4096 tokens; a few
@@ -45,7 +37,7 @@ struct PretrainConfig {
 
   // Model
   int64_t depth = 4;
-  ArchConfig arch;
+  models::ArchConfig arch;
 
   // Data
   std::vector<std::string> data_paths; // empty: the default corpus
@@ -102,5 +94,11 @@ struct PretrainConfig {
 };
 
 const config::Schema& pretrain_schema();
+
+// The model these settings describe (depth, arch.*, max_seq_len) for a
+// tokenizer of `vocab_size` tokens; models::resolve_gpt_config's checks.
+models::GptConfig resolve_gpt_config(
+    const PretrainConfig& cfg,
+    int64_t vocab_size);
 
 } // namespace orchard

@@ -63,14 +63,13 @@ void build_atomically(
 } // namespace
 
 ChatData prepare_chat_data(
-    const PretrainConfig& cfg,
-    const std::string& tokenizer_dir,
-    const std::function<void(const std::string&)>& say,
-    const std::string& chat_template) {
+    const ChatDataSpec& spec,
+    const std::function<void(const std::string&)>& say) {
+  const std::string& tokenizer_dir = spec.tokenizer_dir;
   const std::string home =
-      cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir;
+      spec.data_dir.empty() ? default_data_dir() : spec.data_dir;
   std::vector<std::string> inputs;
-  bool wordnet = cfg.chat_data.empty();
+  bool wordnet = spec.files.empty();
   ChatData d;
   if (wordnet) {
     std::string corpus = home + "/wordnet";
@@ -82,7 +81,7 @@ ChatData prepare_chat_data(
     inputs = {corpus + "/chat_train.jsonl", corpus + "/chat_val.jsonl"};
     d.description = "WordNet's questions about words (held-out words validate)";
   } else {
-    inputs = data::list_input_files(cfg.chat_data);
+    inputs = data::list_input_files(spec.files);
     if (inputs.empty())
       throw UserError(
           "chat_data names no files; give chat JSONL files or folders "
@@ -90,8 +89,9 @@ ChatData prepare_chat_data(
     d.description = std::to_string(inputs.size()) +
         " chat file(s) (every 20th conversation validates)";
   }
-  const size_t max_length = size_t(cfg.max_seq_len) + 1;
-  const std::string family = chat_template == "auto" ? "" : chat_template;
+  const size_t max_length = size_t(spec.max_seq_len) + 1;
+  const std::string family =
+      spec.chat_template == "auto" ? "" : spec.chat_template;
   // The template's text and the rendering code's version are in the key:
   // a changed template, or a fix in how Orchard renders, re-tokenizes. (The
   // tokenizer is loaded only when there is tokenizing to do: it is most of

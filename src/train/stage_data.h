@@ -29,13 +29,21 @@ struct ChatData {
   std::string description;
 };
 
-// `chat_template`: "" or "auto" for the tokenizer folder's own template
-// (else the family its special tokens name), or a built-in family's name.
+// What chat data a stage asks for (mid and sft from PretrainConfig, lora
+// and full from FinetuneConfig).
+struct ChatDataSpec {
+  std::vector<std::string> files; // chat JSONL files or folders; []: WordNet
+  std::string data_dir;           // the cache ("": the default)
+  int64_t max_seq_len = 0;        // conversations are cut at this + 1
+  std::string tokenizer_dir;
+  // "auto" for the tokenizer folder's own template (else the family its
+  // special tokens name), or a built-in family's name.
+  std::string chat_template = "auto";
+};
+
 ChatData prepare_chat_data(
-    const PretrainConfig& cfg,
-    const std::string& tokenizer_dir,
-    const std::function<void(const std::string&)>& say,
-    const std::string& chat_template = "auto");
+    const ChatDataSpec& spec,
+    const std::function<void(const std::string&)>& say);
 
 struct MidData {
   std::vector<std::string> train_shards, val_shards;

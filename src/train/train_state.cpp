@@ -17,8 +17,8 @@ at::Generator cuda_generator(const torch::Device& device) {
 
 } // namespace
 
-NamedTensors rng_state(const torch::Device& device) {
-  NamedTensors out;
+runs::NamedTensors rng_state(const torch::Device& device) {
+  runs::NamedTensors out;
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   out.push_back({"rng.cpu", cpu.get_state()});
   if (device.is_cuda())

@@ -2,7 +2,7 @@
 // (the optimizer's live in train/optimizer.h).
 #pragma once
 
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 
 #include <torch/torch.h>
 
@@ -13,7 +13,7 @@ namespace orchard::train {
 
 // "rng.cpu", plus "rng.cuda.N" when `device` is CUDA device N (dropout and
 // sampling on the GPU draw from it).
-NamedTensors rng_state(const torch::Device& device);
+runs::NamedTensors rng_state(const torch::Device& device);
 void load_rng_state(
     const std::map<std::string, torch::Tensor>& saved,
     const torch::Device& device);

@@ -136,14 +136,14 @@ int64_t Trainer::resume() {
   if (start_)
     return *start_;
   start_ = 0;
-  std::optional<Checkpoint> ckpt;
+  std::optional<runs::Checkpoint> ckpt;
   if (opt_.resume == "auto") {
     std::vector<std::string> skipped;
-    ckpt = latest_checkpoint(opt_.run_dir, &skipped);
+    ckpt = runs::latest_checkpoint(opt_.run_dir, &skipped);
     for (const auto& s : skipped)
       log_("Warning: " + s);
   } else if (opt_.resume != "never") {
-    ckpt = load_checkpoint(opt_.resume);
+    ckpt = runs::load_checkpoint(opt_.resume);
   }
   if (!ckpt)
     return 0;
@@ -256,8 +256,9 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   state["peak_memory_bytes"] = peak_memory_;
   if (scaler_.enabled())
     state["loss_scaler"] = scaler_.state();
-  std::string dir = save_checkpoint(opt_.run_dir, step, model_t, opt_t, state);
-  prune_checkpoints(
+  std::string dir =
+      runs::save_checkpoint(opt_.run_dir, step, model_t, opt_t, state);
+  runs::prune_checkpoints(
       opt_.run_dir,
       opt_.save_total_limit,
       opt_.keep_best && best_step_ >= 0 ? std::optional<int64_t>(best_step_)

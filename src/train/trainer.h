@@ -12,7 +12,7 @@
 // save, exit cleanly), the progress line, train.log and metrics.jsonl.
 #pragma once
 
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 

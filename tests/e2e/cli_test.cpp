@@ -155,12 +155,43 @@ TEST(Cli, DoctorIsReadyOnThisMachine) {
   EXPECT_TRUE(contains(r.out, "Ready to train on CPU")) << r.out;
 }
 
-TEST(Cli, DistributedOnCpuIsAllowed) {
+// generate and chat accept the same sampling ranges (one check, before a
+// model is loaded) and say every range in the refusal.
+TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
+  for (const auto& flags : std::vector<std::vector<std::string>>{
+           {"--temperature", "2.5"}, {"--top-p", "0"}, {"--top-k", "-1"}}) {
+    for (const char* command : {"generate", "chat"}) {
+      std::vector<std::string> args = {command, "-i", "sft", "--prompt", "hi"};
+      if (std::string(command) == "chat")
+        args = {command, "-i", "sft", "-p", "hi"};
+      args.insert(args.end(), flags.begin(), flags.end());
+      auto r = run_orchard(args);
+      EXPECT_EQ(r.exit_code, 2) << command << " " << flags[0] << ": " << r.err;
+      EXPECT_TRUE(contains(
+          r.err,
+          "--temperature must be in [0, 2], --top-p in (0, 1], --top-k in "
+          "[0, 1048576] and --max-new-tokens >= 1."))
+          << command << ": " << r.err;
+    }
+  }
+}
+
+// WORLD_SIZE is checked everywhere, but only training refuses several
+// processes (two processes would train into one run folder).
+TEST(Cli, SeveralProcessesAreRefusedForTrainingOnly) {
   auto r = run_orchard({"doctor", "--device", "cpu"}, {{"WORLD_SIZE", "2"}});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   r = run_orchard({"doctor", "--device", "cpu"}, {{"WORLD_SIZE", "two"}});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(contains(r.err, "WORLD_SIZE='two'")) << r.err;
+  test::TempDir cwd; // nothing may be written, but not into the build
+  for (const char* command : {"train", "pipeline"}) {
+    r = run_orchard(
+        {command, "--device", "cpu"}, {{"WORLD_SIZE", "2"}}, cwd.path());
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, "does not train with several processes"))
+        << command << ": " << r.err;
+  }
 }
 
 } // namespace

@@ -21,6 +21,10 @@ using test::TempDir;
 
 const std::string kLlama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
 
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 std::string write_chats(const TempDir& dir) {
   const std::vector<std::pair<std::string, std::string>> words = {
       {"river", "a large natural stream of water"},
@@ -338,10 +342,10 @@ TEST(Finetune, FullFineTuningWritesAModelFolder) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
-TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
-  // Only config.json is read: Llama 3.2 3B's (transformers' values).
-  TempDir tmp;
-  tmp.write(
+// Llama 3.2 3B's config.json (transformers' values) in <dir>/l3b: the
+// planner reads only this.
+void write_llama_3b_config(const TempDir& dir) {
+  dir.write(
       "l3b/config.json",
       nlohmann::json{
           {"architectures", {"LlamaForCausalLM"}},
@@ -365,6 +369,12 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
           {"tie_word_embeddings", true},
           {"torch_dtype", "bfloat16"}}
           .dump());
+}
+
+TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
+  // Only config.json is read: Llama 3.2 3B's (transformers' values).
+  TempDir tmp;
+  write_llama_3b_config(tmp);
   auto plan = [&](const std::string& gb, std::string extra = "dtype=auto") {
     return run_orchard(
         {"plan",
@@ -413,6 +423,60 @@ TEST(Finetune, TheLlama32ConfigFitsA16GbMacByThePlannersAccount) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_GT(j["choice"]["batch"].get<int>(), 1);
+}
+
+// The effective batch is the recipe: with device_batch_size=auto a 16 GB
+// Mac and an 80 GB GPU train the same rows per step, each splitting them
+// into the micro-batch it fits times accumulation.
+TEST(Finetune, TheEffectiveBatchIsTheSameOnEveryMachine) {
+  TempDir tmp;
+  write_llama_3b_config(tmp);
+  auto plan = [&](const std::string& device,
+                  const std::string& gb,
+                  std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "plan",
+        "stage=lora",
+        "model=" + tmp.file("l3b"),
+        "bf16=true",
+        "max_seq_length=512",
+        "--assume-device",
+        device,
+        "--memory-gb",
+        gb,
+        "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_orchard(args);
+  };
+  std::vector<int> micro;
+  for (const auto& [device, gb] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"mps", "16"}, {"cuda", "80"}}) {
+    auto r = plan(device, gb, {"gradient_accumulation_steps=2"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    // 8 rows (an auto micro-batch's share) x 2 accumulation steps.
+    EXPECT_EQ(j["rows_per_step"], 16) << device;
+    const int b = j["choice"]["batch"];
+    EXPECT_EQ(16 % b, 0) << device;
+    EXPECT_EQ(j["accumulation"].get<int>() * b, 16) << device;
+    micro.push_back(b);
+  }
+  EXPECT_LT(micro[0], micro[1]); // the GPU takes more rows at once
+  // total_batch_size in tokens sets the rows directly.
+  auto r = plan("cuda", "80", {"total_batch_size=2048"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["rows_per_step"], 4);
+  EXPECT_LE(j["choice"]["batch"].get<int>(), 4);
+  // Impossible batches: what, and how to fix it.
+  r = plan("cuda", "80", {"total_batch_size=1000"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "not a whole number of rows")) << r.err;
+  EXPECT_TRUE(contains(r.err, "use a multiple of 512")) << r.err;
+  r = plan("cuda", "80", {"device_batch_size=3", "total_batch_size=4096"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "does not divide the 8 rows")) << r.err;
 }
 
 // `plan --probe` for fine-tuning loads the model and measures two real

@@ -1,8 +1,8 @@
 // The chat stages and `orchard pipeline` from the command line, on a tiny
 // corpus: base -> mid -> sft with reports, stage status and resume, -i,
 // chat in the terminal (one-shot and the REPL) and the errors users meet.
+#include "runs/checkpoint.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -82,7 +82,7 @@ struct TinyPipeline {
     return dir.file("work/" + rel);
   }
   nlohmann::json final_state(const std::string& run) const {
-    auto ckpts = train::list_checkpoints(path(run));
+    auto ckpts = runs::list_checkpoints(path(run));
     EXPECT_FALSE(ckpts.empty()) << run;
     std::ifstream in(ckpts.back().second + "/state.json");
     return nlohmann::json::parse(in);
@@ -121,7 +121,7 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
       mid["init"].get<std::string>(), "runs/base/d1/checkpoints/step_000006"));
   EXPECT_TRUE(contains(
       sft["init"].get<std::string>(), "runs/mid/d1/checkpoints/step_000004"));
-  EXPECT_EQ(train::list_checkpoints(t.path("runs/sft/d1")).back().first, 4);
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/sft/d1")).back().first, 4);
   // Reports: one per stage and the combined one, with SVG loss curves.
   for (const char* stage : {"base", "mid", "sft"}) {
     std::string run = t.path(std::string("runs/") + stage + "/d1");
@@ -162,8 +162,8 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
       t.work());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(contains(r.out, "6 asked for")) << r.out;
-  EXPECT_EQ(train::list_checkpoints(t.path("runs/sft/d1")).back().first, 6);
-  EXPECT_EQ(train::list_checkpoints(t.path("runs/mid/d1")).back().first, 4);
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/sft/d1")).back().first, 6);
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/mid/d1")).back().first, 4);
 
   // -i names a stage's model everywhere a checkpoint is expected.
   r = run_orchard(
@@ -222,7 +222,7 @@ TEST(Pipeline, AStageKilledPartWayIsPartialAndResumes) {
       t.work());
   bool saw = false;
   for (int i = 0; i < 12000 && !saw; ++i) {
-    for (const auto& [s, d] : train::list_checkpoints(t.path("runs/mid/d1")))
+    for (const auto& [s, d] : runs::list_checkpoints(t.path("runs/mid/d1")))
       saw = saw || (s >= 2 && s < 40);
     if (!saw)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -230,8 +230,7 @@ TEST(Pipeline, AStageKilledPartWayIsPartialAndResumes) {
   ::kill(pid, SIGKILL);
   test::wait_child(pid);
   ASSERT_TRUE(saw) << read_file(t.dir.file("mid.log"));
-  const int64_t at =
-      train::list_checkpoints(t.path("runs/mid/d1")).back().first;
+  const int64_t at = runs::list_checkpoints(t.path("runs/mid/d1")).back().first;
   ASSERT_LT(at, 40);
   r = run_orchard(
       t.args(
@@ -244,8 +243,8 @@ TEST(Pipeline, AStageKilledPartWayIsPartialAndResumes) {
   EXPECT_TRUE(contains(r.out, "partial at step " + std::to_string(at)))
       << r.out;
   EXPECT_TRUE(contains(r.out, "Resuming from")) << r.out;
-  EXPECT_EQ(train::list_checkpoints(t.path("runs/mid/d1")).back().first, 40);
-  EXPECT_EQ(train::list_checkpoints(t.path("runs/sft/d1")).back().first, 2);
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/mid/d1")).back().first, 40);
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/sft/d1")).back().first, 2);
 }
 
 TEST(Pipeline, ClearErrorsForMissingModelsAndWrongKeys) {

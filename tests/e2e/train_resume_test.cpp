@@ -3,8 +3,8 @@
 // a run never interrupted. SIGTERM saves and exits 0. A damaged newest
 // checkpoint is skipped for the previous good one.
 #include "core/safetensors.h"
+#include "runs/checkpoint.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -67,7 +67,7 @@ void expect_identical(
 // Waits until the run folder has a checkpoint of at least `step`.
 bool wait_for_checkpoint(const std::string& run_dir, int64_t step, pid_t pid) {
   for (int i = 0; i < 6000; ++i) {
-    for (const auto& [s, d] : train::list_checkpoints(run_dir))
+    for (const auto& [s, d] : runs::list_checkpoints(run_dir))
       if (s >= step)
         return true;
     int status;

@@ -1,11 +1,11 @@
 // Checkpoints: atomic folders, pruning, and falling back past damage.
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "core/error.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
 
-namespace orchard::train {
+namespace orchard::runs {
 namespace {
 
 using test::TempDir;
@@ -92,4 +92,4 @@ TEST(Checkpoint, SavingTheSameStepAgainReplacesIt) {
 }
 
 } // namespace
-} // namespace orchard::train
+} // namespace orchard::runs

@@ -3,6 +3,7 @@
 #include "models/gpt.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "train/pretrain_config.h"
 
 #include <gtest/gtest.h>
 
@@ -113,33 +114,6 @@ TEST(Gpt, OverfitsOneBatch) {
   }
   EXPECT_NEAR(first, std::log(11.0), 1e-3); // zero lm_head: uniform logits
   EXPECT_LT(last, 0.05);
-}
-
-TEST(Gpt, FusedAttentionMatchesExplicit) {
-  torch::manual_seed(2);
-  std::vector<torch::Device> devices = {torch::kCPU};
-  if (torch::cuda::is_available())
-    devices.push_back(torch::Device(torch::kCUDA, 0));
-  for (auto dev : devices) {
-    for (int64_t tq : {7, 1}) {
-      auto q = torch::randn({2, 3, tq, 16}, torch::kFloat64);
-      auto k = torch::randn({2, 3, 7, 16}, torch::kFloat64);
-      auto v = torch::randn({2, 3, 7, 16}, torch::kFloat64);
-      auto want = compat::explicit_attention(q, k, v);
-      auto got = compat::causal_attention(
-                     q.to(dev, torch::kFloat32),
-                     k.to(dev, torch::kFloat32),
-                     v.to(dev, torch::kFloat32))
-                     .to(torch::kCPU, torch::kFloat64);
-      EXPECT_TRUE(torch::allclose(got, want, 1e-3, 1e-4))
-          << dev << " tq=" << tq << " max diff "
-          << (got - want).abs().max().item<double>();
-    }
-  }
-  // Hand-worked: with one key position, the output is that value.
-  auto q = torch::randn({1, 1, 1, 4}), k = torch::randn({1, 1, 1, 4});
-  auto v = torch::tensor({1.f, 2.f, 3.f, 4.f}).view({1, 1, 1, 4});
-  EXPECT_TRUE(torch::allclose(compat::causal_attention(q, k, v), v));
 }
 
 TEST(Gpt, KvCacheGivesTheSameLogits) {

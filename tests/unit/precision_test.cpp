@@ -6,20 +6,14 @@
 #include "core/torch_compat.h"
 #include "models/gpt.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 namespace orchard::train {
 namespace {
 
-DeviceInfo device_of(const std::string& kind, int cc = 0) {
-  DeviceInfo d;
-  d.kind = kind;
-  d.device = kind == "cuda" ? c10::Device(c10::kCUDA, 0)
-      : kind == "mps"       ? c10::Device(c10::kMPS)
-                            : c10::Device(c10::kCPU);
-  d.compute_capability = cc;
-  return d;
-}
+using test::device_of;
 
 TEST(Precision, AutoIsBfloat16OnModernGpusAndFloat32Elsewhere) {
   EXPECT_EQ(

@@ -7,7 +7,7 @@
 namespace orchard::train {
 namespace {
 
-std::map<std::string, torch::Tensor> as_map(const NamedTensors& t) {
+std::map<std::string, torch::Tensor> as_map(const runs::NamedTensors& t) {
   std::map<std::string, torch::Tensor> m;
   for (const auto& [k, v] : t)
     m[k] = v.clone();

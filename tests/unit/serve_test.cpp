@@ -193,9 +193,8 @@ struct ServerFixture {
         "over the lazy dog. Orchard trains language models on your machine.");
     std::filesystem::create_directories(dir.file("tok"));
     text::save_hf_tokenizer(trainer.train(), dir.file("tok/tokenizer.json"));
-    infer::LoadedModel loaded;
-    loaded.model = random_gpt(300, max_seq, 2).ptr();
-    loaded.tokenizer_dir = dir.file("tok");
+    runs::LoadedModel loaded =
+        runs::loaded_from(random_gpt(300, max_seq, 2).ptr(), dir.file("tok"));
     chat = std::make_unique<infer::ChatModel>(loaded, torch::kCPU);
     o.port = 0;
     o.model_name = "sft/test";

@@ -175,7 +175,7 @@ TEST(Trainer, ResumesFromItsCheckpointAndSkipsAFinishedRun) {
   EXPECT_EQ(r.step, 6);
   EXPECT_TRUE(torch::equal(again.model->weight, full.model->weight));
   // The final checkpoint holds the EMA too.
-  auto ck = load_checkpoint(oa.run_dir + "/checkpoints/step_000006");
+  auto ck = runs::load_checkpoint(oa.run_dir + "/checkpoints/step_000006");
   EXPECT_TRUE(ck.model.count("ema.weight"));
   Regression done;
   auto od = oa;

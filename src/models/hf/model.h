@@ -1,0 +1,231 @@
+// Hugging Face Llama-family causal language models read from the folder
+// transformers saves: LlamaForCausalLM (Llama 2, 3, 3.1, 3.2, including
+// rope_scaling of type llama3), Qwen2ForCausalLM (biases on q, k and v) and
+// MistralForCausalLM. Module names equal the checkpoint keys
+// (model.layers.N.self_attn.q_proj.weight, ...), so a state dict goes in and
+// out unchanged, and a LoRA adapter's keys are PEFT's minus its
+// "base_model.model." prefix (models/lora.h).
+//
+// The computation follows transformers' modeling_llama.py step for step, in
+// the weights' dtype, so logits agree in float32 and in bfloat16:
+//   h = embed_tokens[ids]
+//   per layer: h += o_proj(attn(rope(q_proj(n1(h))), rope(k_proj(n1(h))),
+//                               v_proj(n1(h))))
+//              h += down_proj(silu(gate_proj(n2(h))) * up_proj(n2(h)))
+//   logits = lm_head(norm(h))  (lm_head = embed_tokens when tied)
+// RMSNorm(x) = w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype);
+// rope(x) = x * cos + rotate_half(x) * sin with angles t / theta^(2i/D),
+// the llama3 scaling rescaling the low frequencies (Meta's Llama 3.1
+// release: factor, low/high_freq_factor, original_max_position_embeddings).
+//
+// Weights are read from the mapped safetensors and copied once, to the
+// device and dtype asked for; no float32 copy of a bfloat16 model is made.
+#pragma once
+
+#include "models/hf/config.h"
+#include "models/language_model.h"
+#include "ops/nf4.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace orchard::models {
+
+// The linear layers of a Llama-family layer, in order: q, k, v, o, gate,
+// up, down (each "_proj").
+const std::vector<std::string>& llama_projections();
+
+// Which linear layers get LoRA adapters, their rank, alpha and dropout.
+struct LoraSpec {
+  int64_t r = 16;
+  double alpha = 32;
+  double dropout = 0.0;
+  bool rslora = false; // scaling alpha / sqrt(r) (Kalajdzievski 2023)
+  // Module names (q_proj, ...); "q", "k", "v", "o", "gate", "up", "down"
+  // are accepted for short.
+  std::vector<std::string> target_modules = llama_projections();
+  double scaling() const {
+    return rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
+  }
+};
+
+// The projection names LoRA can target; UserError for another name.
+std::vector<std::string> normalize_target_modules(
+    const std::vector<std::string>& names);
+
+// A holder of one parameter named "weight" (embeddings, norms, LoRA's A
+// and B), so checkpoint keys come out as "...lora_A.weight".
+struct WeightImpl : torch::nn::Module {
+  explicit WeightImpl(torch::Tensor w) {
+    weight = register_parameter("weight", std::move(w));
+  }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Weight);
+
+// A linear layer y = x W^T + b, with an optional LoRA branch
+// + scaling * B(A(dropout(x))). With a float32 base it is computed in the
+// adapters' dtype (PEFT's order of operations: the input cast to the
+// adapter dtype, the sum cast back); with a bfloat16/float16 base in the
+// base's dtype, the adapters cast to it (as PEFT under autocast), fused
+// into one addmm.
+struct ProjImpl : torch::nn::Module {
+  ProjImpl(torch::Tensor w, torch::Tensor b);
+  torch::Tensor forward(const torch::Tensor& x);
+  // A (r, in) from PEFT's default init (Kaiming-uniform, a = sqrt(5):
+  // U(-1/sqrt(in), 1/sqrt(in))), B (out, r) zero, in `dtype` on the
+  // weight's device; drawn from the current torch seed.
+  void add_lora(
+      int64_t r,
+      double scaling,
+      double dropout,
+      torch::ScalarType dtype);
+  bool has_lora() const {
+    return !lora_A.is_empty();
+  }
+  // W + scaling * B A in W's dtype (the merged weight).
+  torch::Tensor merged_weight() const;
+  // Replaces the weight by its 4-bit NF4 codes (models/nf4.h): `weight`
+  // becomes empty, products expand the codes as they go.
+  void quantize_4bit();
+  // x2 (N, in) -> (N, out): x W^T + b, from the 4-bit codes where quantised.
+  torch::Tensor base(const torch::Tensor& x2) const;
+  torch::Tensor full_weight() const; // W, expanded where quantised
+  torch::Tensor weight, bias;
+  ops::Nf4Weight q4;
+  int64_t out_features = 0, in_features = 0;
+  Weight lora_A{nullptr}, lora_B{nullptr};
+  double scaling = 0, dropout = 0;
+};
+TORCH_MODULE(Proj);
+
+struct HfRmsNormImpl : torch::nn::Module {
+  HfRmsNormImpl(torch::Tensor w, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(HfRmsNorm);
+
+struct LlamaAttentionImpl : torch::nn::Module {
+  int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
+  Proj q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+TORCH_MODULE(LlamaAttention);
+
+struct LlamaMlpImpl : torch::nn::Module {
+  Proj gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+struct LlamaLayerImpl : torch::nn::Module {
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+  HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaLayer);
+
+struct LlamaBodyImpl : torch::nn::Module {
+  Weight embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  HfRmsNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+// Supplies each weight by checkpoint key with its expected shape; returns
+// an undefined tensor for an optional one (lm_head when tied) it lacks.
+using WeightSource = std::function<torch::Tensor(
+    const std::string& name,
+    const std::vector<int64_t>& shape,
+    bool optional)>;
+
+struct LlamaImpl : LanguageModel {
+  // `context`: the longest sequence this instance handles (rotary tables,
+  // generation caches); 0 = max_position_embeddings.
+  LlamaImpl(
+      const HfModelConfig& config,
+      const WeightSource& weights,
+      int64_t context);
+
+  torch::Tensor forward(const torch::Tensor& idx, KvCache* cache = nullptr)
+      override;
+  torch::Tensor decode_batch(
+      const torch::Tensor& idx,
+      const torch::Tensor& pos,
+      BatchKvCache& cache) override;
+  // Cross-entropy computed over chunks of rows whose logits are recomputed
+  // in the backward, so the (B*T, V) float32 logits never exist at once.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
+      override;
+  int64_t max_seq_len() const override {
+    return context_;
+  }
+  int64_t vocab_size() const override {
+    return config.vocab_size;
+  }
+
+  // The last hidden states (B, T, C), after the final norm.
+  torch::Tensor hidden(const torch::Tensor& idx, KvCache* cache = nullptr);
+  torch::Tensor lm_weight() const; // lm_head's, or embed_tokens' when tied
+
+  // Adds adapters to every projection named in spec.target_modules (dtype:
+  // the adapters'), freezes everything else. Returns how many were added.
+  int64_t add_lora(const LoraSpec& spec, torch::ScalarType dtype);
+  // Every projection, by its module path ("model.layers.0.self_attn.q_proj").
+  std::vector<std::pair<std::string, Proj>> projections() const;
+  // The weights with adapters folded in, under the checkpoint keys, in the
+  // model's dtype (lm_head omitted when tied).
+  std::vector<std::pair<std::string, torch::Tensor>> merged_state() const;
+
+  HfModelConfig config;
+  bool gradient_checkpointing = false;
+  int64_t loss_chunk_rows = 0; // 0: about 16M logits a chunk (tests set it)
+  LlamaBody model{nullptr};
+  Proj lm_head{nullptr}; // null when tied to model.embed_tokens
+
+ private:
+  torch::Tensor layer_forward(
+      int64_t i,
+      torch::Tensor x,
+      const torch::Tensor& cos,
+      const torch::Tensor& sin,
+      torch::Tensor* cache_k,
+      torch::Tensor* cache_v);
+  // (context, D) tables in `dtype`: [cos, cos] and [-sin, sin], made once
+  // per dtype (layer_forward's rotation).
+  std::pair<torch::Tensor, torch::Tensor> rope_tables(torch::ScalarType dtype);
+  int64_t context_ = 0;
+  torch::Tensor rope_cos_, rope_sin_; // (context, D/2) float32
+  torch::Tensor rope_full_cos_, rope_full_sin_;
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> layer_fns_;
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> loss_fns_;
+};
+TORCH_MODULE(Llama);
+
+// The rotary inverse frequencies (D/2) in float32, with llama3 scaling when
+// the config asks for it (transformers' _compute_llama3_parameters).
+torch::Tensor rope_inv_freq(const HfModelConfig& c);
+
+struct LoadOptions {
+  torch::Device device{torch::kCPU};
+  // The dtype the weights are held in; nullopt = as stored.
+  std::optional<torch::ScalarType> dtype;
+  int64_t context = 4096; // 0: the model's max_position_embeddings
+  // The layers' projections in 4 bits (NF4) for a frozen LoRA base.
+  bool load_in_4bit = false;
+};
+
+// Reads config.json and the safetensors (one file or shards) of a model
+// folder. UserError naming the folder for anything missing or mismatched.
+Llama load_hf_model(const std::string& model_dir, const LoadOptions& opt);
+
+} // namespace orchard::models

@@ -1,0 +1,44 @@
+// Causal self-attention: the fused kernel where libtorch has one, beside its
+// plain definition (explicit_attention), which is both the portable path
+// (libtorch 1.13, and positions the fused kernel's mask cannot express) and
+// the test oracle (tests/ops/attention_test.cpp).
+//
+// Shapes: q (B, H, Tq, D); k, v (B, H, Tk, D) with Tk >= Tq, the queries
+// being the last Tq positions (so a KV cache can hold earlier ones).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace orchard::ops {
+
+// The positions a query may not see: query i (absolute position
+// Tk - Tq + i) sees keys up to its own position and, with a sliding window
+// W > 0, only the last W of them (Mistral's sliding_window: key j is seen
+// when i - W < j <= i, as transformers masks it). True = hidden. (Tq, Tk).
+torch::Tensor hidden_keys(
+    int64_t Tq,
+    int64_t Tk,
+    int64_t window,
+    torch::Device device);
+
+// softmax(q k^T / sqrt(D) + mask) v with the mask from hidden_keys; the
+// softmax runs in float32 at least.
+torch::Tensor explicit_attention(
+    const torch::Tensor& q,
+    const torch::Tensor& k,
+    const torch::Tensor& v,
+    int64_t window = 0);
+
+// The same through the fused kernel where it applies: its causal mask is
+// aligned top-left, so it is used when queries and keys cover the same
+// positions, for one new token over a cache, and with an explicit mask
+// when a sliding window cuts in; the explicit path otherwise.
+torch::Tensor causal_attention(
+    const torch::Tensor& q,
+    const torch::Tensor& k,
+    const torch::Tensor& v,
+    int64_t window = 0);
+
+} // namespace orchard::ops

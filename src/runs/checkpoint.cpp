@@ -1,0 +1,188 @@
+#include "runs/checkpoint.h"
+
+#include "core/error.h"
+#include "core/files.h"
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace orchard::runs {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr const char* kTmpPrefix = ".tmp-";
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::optional<int64_t> step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() <= 5)
+    return std::nullopt;
+  char* end = nullptr;
+  long long v = std::strtoll(name.c_str() + 5, &end, 10);
+  if (*end != '\0' || v < 0)
+    return std::nullopt;
+  return v;
+}
+
+} // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save_checkpoint(
+    const std::string& run_dir,
+    int64_t step,
+    const NamedTensors& model,
+    const NamedTensors& optimizer,
+    nlohmann::json state) {
+  fs::path root = fs::path(run_dir) / "checkpoints";
+  fs::create_directories(root);
+  fs::path final_dir = root / checkpoint_name(step);
+  fs::path tmp = root /
+      (kTmpPrefix + checkpoint_name(step) + "-" + std::to_string(::getpid()));
+  remove_tree(tmp.string());
+  fs::create_directories(tmp);
+  state["step"] = step;
+  safetensors::save(
+      (tmp / "model.safetensors").string(), model, {{"format", "pt"}});
+  safetensors::save(
+      (tmp / "optimizer.safetensors").string(), optimizer, {{"format", "pt"}});
+  atomic_write((tmp / "state.json").string(), state.dump(2) + "\n");
+  fsync_dir(tmp);
+  // Replacing an existing checkpoint of the same step (a resumed run saving
+  // again): move the old one aside first so a crash never leaves neither.
+  fs::path old =
+      root / (std::string(kTmpPrefix) + "old-" + checkpoint_name(step));
+  // POSIX rename, not std::filesystem's: see remove_tree in core/files.h.
+  auto move = [](const fs::path& from, const fs::path& to) {
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      throw UserError(
+          "cannot move '" + from.string() + "' to '" + to.string() +
+          "': " + std::strerror(errno));
+  };
+  if (fs::exists(final_dir)) {
+    remove_tree(old.string());
+    move(final_dir, old);
+  }
+  move(tmp, final_dir);
+  fsync_dir(root);
+  remove_tree(old.string());
+  return final_dir.string();
+}
+
+Checkpoint load_checkpoint(const std::string& dir) {
+  Checkpoint c;
+  c.dir = dir;
+  fs::path p(dir);
+  auto state_path = p / "state.json";
+  if (!fs::exists(state_path))
+    throw UserError(
+        "checkpoint '" + dir + "' has no state.json: it was not completed.");
+  {
+    std::ifstream in(state_path);
+    c.state = nlohmann::json::parse(in, nullptr, false);
+  }
+  if (c.state.is_discarded() || !c.state.is_object() ||
+      !c.state.contains("step"))
+    throw UserError("checkpoint '" + dir + "': state.json is damaged.");
+  c.step = c.state["step"].get<int64_t>();
+  c.model = safetensors::load((p / "model.safetensors").string());
+  c.optimizer = safetensors::load((p / "optimizer.safetensors").string());
+  return c;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(
+    const std::string& run_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  fs::path root = fs::path(run_dir) / "checkpoints";
+  if (!fs::is_directory(root))
+    return out;
+  for (const auto& e : fs::directory_iterator(root)) {
+    auto step = step_of(e.path().filename().string());
+    if (step && e.is_directory() && fs::exists(e.path() / "state.json"))
+      out.push_back({*step, e.path().string()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<Checkpoint> latest_checkpoint(
+    const std::string& run_dir,
+    std::vector<std::string>* skipped) {
+  auto all = list_checkpoints(run_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return load_checkpoint(it->second);
+    } catch (const UserError& e) {
+      if (skipped)
+        skipped->push_back(
+            std::string("skipping damaged checkpoint ") + it->second + ": " +
+            e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> prune_checkpoints(
+    const std::string& run_dir,
+    int64_t keep,
+    std::optional<int64_t> also_keep) {
+  std::vector<std::string> removed;
+  fs::path root = fs::path(run_dir) / "checkpoints";
+  if (!fs::is_directory(root))
+    return removed;
+  // Leftovers of saves that were interrupted.
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind(kTmpPrefix, 0) == 0 &&
+        e.path().filename().string().find(std::to_string(::getpid())) ==
+            std::string::npos) {
+      remove_tree(e.path().string());
+      removed.push_back(e.path().string());
+    }
+  if (keep <= 0)
+    return removed;
+  auto all = list_checkpoints(run_dir);
+  std::set<int64_t> kept;
+  for (size_t i = all.size() > size_t(keep) ? all.size() - keep : 0;
+       i < all.size();
+       ++i)
+    kept.insert(all[i].first);
+  if (also_keep)
+    kept.insert(*also_keep);
+  // The newest checkpoint that loads is never deleted, whatever `keep` says.
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      safetensors::File::open(it->second + "/model.safetensors");
+      safetensors::File::open(it->second + "/optimizer.safetensors");
+      kept.insert(it->first);
+      break;
+    } catch (const UserError&) {
+    }
+  }
+  for (const auto& [step, dir] : all)
+    if (!kept.count(step)) {
+      remove_tree(dir);
+      removed.push_back(dir);
+    }
+  return removed;
+}
+
+} // namespace orchard::runs

@@ -1,0 +1,78 @@
+#include "runs/run_folder.h"
+
+#include "core/error.h"
+#include "runs/checkpoint.h"
+
+#include <filesystem>
+
+namespace orchard::runs {
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& pipeline_stages() {
+  static const std::vector<std::string> names = {"base", "mid", "sft"};
+  return names;
+}
+
+std::string previous_stage(const std::string& stage) {
+  if (stage == "mid")
+    return "base";
+  if (stage == "sft")
+    return "mid";
+  return "";
+}
+
+std::string stage_run_dir(const std::string& stage, const std::string& name) {
+  return "runs/" + stage + "/" + name;
+}
+
+std::string find_stage_run(const std::string& stage, const std::string& name) {
+  bool known = false;
+  for (const auto& s : pipeline_stages())
+    known = known || s == stage;
+  if (!known)
+    throw UserError(
+        "-i " + stage +
+        ": the stages are base, mid and sft (or give "
+        "--checkpoint with a run or checkpoint folder).");
+  if (!name.empty()) {
+    std::string dir = stage_run_dir(stage, name);
+    if (list_checkpoints(dir).empty())
+      throw UserError(
+          dir +
+          " holds no checkpoint; train it first (`orchard train "
+          "stage=" +
+          stage + " run=" + name + "` or `orchard pipeline`).");
+    return dir;
+  }
+  std::string best;
+  fs::file_time_type newest{};
+  std::string runs;
+  std::error_code ec;
+  if (fs::is_directory("runs/" + stage, ec))
+    for (const auto& e : fs::directory_iterator("runs/" + stage)) {
+      auto ckpts = list_checkpoints(e.path().string());
+      if (ckpts.empty())
+        continue;
+      runs += (runs.empty() ? "" : ", ") + e.path().string();
+      auto t = fs::last_write_time(ckpts.back().second, ec);
+      if (best.empty() || t > newest) {
+        best = e.path().string();
+        newest = t;
+      }
+    }
+  if (best.empty())
+    throw UserError(
+        "no " + stage + " model under runs/" + stage +
+        "/ in this folder; train one (`orchard pipeline`, or `orchard train "
+        "stage=" +
+        stage + "`) or give --checkpoint with a run folder.");
+  return best;
+}
+
+std::string folder_name(const std::string& path) {
+  const fs::path p = fs::path(path).lexically_normal();
+  return p.filename().empty() ? p.parent_path().filename().string()
+                              : p.filename().string();
+}
+
+} // namespace orchard::runs

@@ -1,0 +1,176 @@
+#include "stages/pipeline.h"
+
+#include "core/error.h"
+#include "runs/checkpoint.h"
+#include "runs/run_folder.h"
+#include "stages/gpt_stages.h"
+#include "train/pretrain_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+namespace orchard::stages {
+namespace {
+
+struct StageStatus {
+  bool done = false;
+  int64_t step = 0; // of the newest checkpoint (0: none)
+  std::string text;
+};
+
+// From the newest complete checkpoint folder's state.json: the final
+// checkpoint of a finished run says "complete": true. `wanted` is the
+// number of steps asked for (0 when it depends on the data).
+StageStatus status_of(const std::string& run_dir, int64_t wanted) {
+  StageStatus st;
+  auto ckpts = runs::list_checkpoints(run_dir);
+  if (ckpts.empty()) {
+    st.text = "not started";
+    return st;
+  }
+  st.step = ckpts.back().first;
+  nlohmann::json state = nlohmann::json::object();
+  std::ifstream in(ckpts.back().second + "/state.json");
+  state = nlohmann::json::parse(in, nullptr, false);
+  const bool complete = state.is_object() && state.value("complete", false);
+  st.done = complete && (wanted == 0 || st.step >= wanted);
+  if (st.done)
+    st.text = "done at step " + std::to_string(st.step);
+  else if (complete)
+    st.text = "done at step " + std::to_string(st.step) + "; " +
+        std::to_string(wanted) + " asked for, so it trains on";
+  else
+    st.text = "partial at step " + std::to_string(st.step) +
+        ": resumes from its checkpoint";
+  return st;
+}
+
+} // namespace
+
+Pipeline plan_pipeline(const config::Sources& sources) {
+  std::unique_ptr<Settings> base = base_stage().configure(sources);
+  const PretrainConfig& cfg = section<PretrainConfig>(*base);
+  if (cfg.stage != "base")
+    throw UserError(
+        "stage=" + cfg.stage +
+        " was given to `orchard pipeline`, which runs every stage; "
+        "use `orchard train stage=" +
+        cfg.stage + "` for one stage.");
+  if (!cfg.run_dir.empty())
+    throw UserError(
+        "run_dir names one run folder, but the pipeline writes one per "
+        "stage (runs/<stage>/<run>); set run=NAME instead.");
+  if (cfg.init != "auto")
+    throw UserError(
+        "init= chooses a stage's starting model; the pipeline starts "
+        "each stage from the one before. Use `orchard train stage=mid "
+        "init=...` to start from another model.");
+  Pipeline p;
+  p.custom_run = cfg.run;
+  p.name = !cfg.run.empty()
+      ? cfg.run
+      : "d" + std::to_string(cfg.arch.n_layer.value_or(cfg.depth));
+  // Each stage's settings: the pipeline's, with its own length.
+  for (const auto& stage : runs::pipeline_stages()) {
+    const Stage& entry = stage_named(stage);
+    auto s = std::make_unique<SettingsOf<PretrainConfig>>();
+    s->stage = &entry;
+    s->cfg = cfg;
+    s->origins = base->origins;
+    PretrainConfig& c = s->cfg;
+    config::Origins& o = s->origins;
+    c.stage = stage;
+    c.run = p.name;
+    if (stage != "base") {
+      c.num_iterations =
+          stage == "mid" ? cfg.mid_iterations : cfg.sft_iterations;
+      c.epochs.reset();
+      c.target_tokens.reset();
+      o["num_iterations"] =
+          o.count(stage + "_iterations") ? o[stage + "_iterations"] : "default";
+    }
+    const bool fixed_length = c.stage != "base" ||
+        (!c.epochs && !c.target_tokens && c.num_iterations);
+    PipelineStage ps;
+    ps.run_dir = runs::stage_run_dir(c.stage, p.name);
+    StageStatus st =
+        status_of(ps.run_dir, fixed_length ? *c.num_iterations : 0);
+    ps.done = st.done;
+    ps.status = st.text;
+    ps.settings = std::move(s);
+    p.stages.push_back(std::move(ps));
+  }
+  return p;
+}
+
+std::string pipeline_status(const Pipeline& p) {
+  std::string out = "Pipeline for " + p.name + ":\n";
+  char line[512];
+  for (const auto& s : p.stages) {
+    std::snprintf(
+        line,
+        sizeof line,
+        "  %-4s  %-16s %s\n",
+        s.settings->stage->name().c_str(),
+        s.run_dir.c_str(),
+        s.status.c_str());
+    out += line;
+  }
+  return out;
+}
+
+bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
+  std::vector<train::StageReport> reports;
+  bool all_done = true;
+  for (const auto& s : p.stages) {
+    all_done = all_done && s.done;
+    const Stage& stage = *s.settings->stage;
+    if (!s.done)
+      std::printf("\n==> Stage %s\n", stage.name().c_str());
+    std::fflush(stdout);
+    reports.push_back(stage.train(*s.settings, d));
+    if (reports.back().result.interrupted) {
+      std::printf(
+          "The pipeline stopped during %s; run the same command to "
+          "resume it.\n",
+          stage.name().c_str());
+      return false;
+    }
+  }
+  const std::string report = "runs/report-" + p.name + ".md";
+  std::string preamble = "Model `" + p.name + "`; stages:\n\n";
+  for (const auto& s : p.stages)
+    preamble += "- " + s.settings->stage->name() + ": " +
+        (s.done ? "already done before this command"
+                : "trained by this command") +
+        "\n";
+  train::write_pipeline_report(report, d, reports, preamble);
+  const auto& sft = reports.back();
+  std::printf(
+      "\n%s. Report: %s\n",
+      all_done ? "The pipeline was already complete"
+               : "The pipeline is complete",
+      report.c_str());
+  std::printf("\nChat exchanges about held-out words:\n");
+  for (const auto& s : sft.samples)
+    std::printf(
+        "  you:     %s\n  orchard: %s\n  (WordNet: %s)\n",
+        s.prompt.c_str(),
+        s.output.c_str(),
+        s.reference.c_str());
+  const std::string run_flag = p.custom_run.empty() ? "" : " --run " + p.name;
+  std::printf(
+      "\nContinue:\n"
+      "  orchard chat -i sft%s              chat in the terminal\n"
+      "  orchard serve -i sft%s             web chat on "
+      "http://127.0.0.1:8000 and an OpenAI-compatible API\n"
+      "  orchard pipeline mid_iterations=N  train further (done stages "
+      "are skipped)\n",
+      run_flag.c_str(),
+      run_flag.c_str());
+  return true;
+}
+
+} // namespace orchard::stages

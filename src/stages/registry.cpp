@@ -1,0 +1,79 @@
+#include "stages/stage.h"
+
+#include "core/error.h"
+#include "stages/finetune_stages.h"
+#include "stages/gpt_stages.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace orchard::stages {
+namespace {
+
+// The stage the sources ask for; "" when none says. A source that does not
+// parse is left for the real resolution to report.
+std::string requested_stage(const config::Sources& s) {
+  std::string stage;
+  auto from_yaml = [&](const std::string& text) {
+    try {
+      YAML::Node n = YAML::Load(text);
+      if (n.IsMap() && n["stage"] && n["stage"].IsScalar())
+        stage = n["stage"].as<std::string>();
+    } catch (const YAML::Exception&) {
+    }
+  };
+  if (!s.preset.empty())
+    if (auto text = config::preset_text(s.preset))
+      from_yaml(*text);
+  if (!s.config_file.empty()) {
+    std::ifstream in(s.config_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    from_yaml(ss.str());
+  }
+  for (const auto& o : s.overrides)
+    if (o.rfind("stage=", 0) == 0)
+      stage = o.substr(6);
+  return stage;
+}
+
+} // namespace
+
+std::unique_ptr<Settings> Stage::configure(
+    const config::Sources& sources) const {
+  std::unique_ptr<Settings> s = defaults();
+  s->origins = config::resolve(schema(), s->fields(), sources);
+  s->stage = this;
+  return s;
+}
+
+const std::vector<const Stage*>& all_stages() {
+  static const std::vector<const Stage*> stages = {
+      &base_stage(), &mid_stage(), &sft_stage(), &lora_stage(), &full_stage()};
+  return stages;
+}
+
+std::string stage_list() {
+  std::string names;
+  for (const Stage* s : all_stages())
+    names += (names.empty() ? "" : "|") + s->name();
+  return names;
+}
+
+const Stage& stage_named(const std::string& name) {
+  for (const Stage* s : all_stages())
+    if (s->name() == name)
+      return *s;
+  throw UserError(
+      "stage=" + name + " is not a stage; the stages are " + stage_list() +
+      ".");
+}
+
+std::unique_ptr<Settings> configure(const config::Sources& sources) {
+  const std::string asked = requested_stage(sources);
+  return (asked.empty() ? base_stage() : stage_named(asked)).configure(sources);
+}
+
+} // namespace orchard::stages

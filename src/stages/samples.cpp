@@ -1,0 +1,74 @@
+#include "stages/samples.h"
+
+#include "infer/chat.h"
+#include "infer/engine.h"
+
+#include <cstdio>
+
+namespace orchard::stages {
+namespace {
+
+// Short answers: samples show what the model says, not how long it goes on.
+constexpr int64_t kAnswerTokens = 48;
+constexpr int64_t kContinuationTokens = 32;
+constexpr int64_t kDocumentPromptTokens = 6;
+constexpr double kSampleTemperature = 0.7;
+
+infer::SamplingOptions sample_options(int64_t seed, int64_t max_new) {
+  infer::SamplingOptions opt;
+  opt.max_new_tokens = max_new;
+  opt.temperature = kSampleTemperature;
+  opt.seed = uint64_t(seed);
+  return opt;
+}
+
+} // namespace
+
+std::vector<train::Sample> draw_samples(
+    const runs::LoadedModel& model,
+    const SampleSource& source,
+    int count,
+    int64_t seed,
+    std::string* note) {
+  std::vector<train::Sample> out;
+  if (!source.chat_val.empty()) {
+    if (note)
+      *note =
+          "answers to held-out questions (the model never trained on "
+          "these conversations)";
+    for (auto& s : infer::sample_chat_answers(
+             model,
+             source.chat_val,
+             count,
+             sample_options(seed, kAnswerTokens)))
+      out.push_back({s.question, s.answer, s.reference});
+  } else {
+    if (note)
+      *note = "continuations of held-out documents (the prompt in bold)";
+    for (auto& [prompt, text] : infer::sample_validation_documents(
+             model,
+             source.val_shards,
+             count,
+             kDocumentPromptTokens,
+             sample_options(seed, kContinuationTokens)))
+      out.push_back({prompt, text, ""});
+  }
+  return out;
+}
+
+void print_samples(const std::vector<train::Sample>& samples) {
+  for (const auto& s : samples) {
+    if (s.reference.empty()) {
+      std::printf("  [%s]%s\n", s.prompt.c_str(), s.output.c_str());
+    } else {
+      std::printf(
+          "  Q: %s\n  A: %s\n     (reference: %s)\n",
+          s.prompt.c_str(),
+          s.output.c_str(),
+          s.reference.c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+} // namespace orchard::stages
