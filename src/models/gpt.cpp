@@ -75,11 +75,22 @@ torch::Tensor apply_rotary(
   return torch::cat({x1 * c + x2 * s, x2 * c - x1 * s}, -1);
 }
 
+namespace {
+
+// A bias-free projection (in -> out) that LoRA can wrap, first drawn as
+// torch::nn::Linear draws its weight (Kaiming-uniform, a = sqrt(5)), so the
+// random stream init_weights() then draws from is what it always was.
+Proj lin(int64_t in, int64_t out) {
+  torch::NoGradGuard no_grad;
+  auto w = torch::empty({out, in});
+  torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
+  return Proj(w, torch::Tensor());
+}
+
+} // namespace
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
     : n_head(c.n_head), n_kv_head(c.n_kv_head), head_dim(c.head_dim()) {
-  auto lin = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-  };
   c_q = register_module("c_q", lin(c.n_embd, n_head * head_dim));
   c_k = register_module("c_k", lin(c.n_embd, n_kv_head * head_dim));
   c_v = register_module("c_v", lin(c.n_embd, n_kv_head * head_dim));
@@ -163,14 +174,8 @@ torch::Tensor CausalSelfAttentionImpl::decode(
 }
 
 MlpImpl::MlpImpl(const GptConfig& c) {
-  c_fc = register_module(
-      "c_fc",
-      torch::nn::Linear(
-          torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(false)));
-  c_proj = register_module(
-      "c_proj",
-      torch::nn::Linear(
-          torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(false)));
+  c_fc = register_module("c_fc", lin(c.n_embd, 4 * c.n_embd));
+  c_proj = register_module("c_proj", lin(4 * c.n_embd, c.n_embd));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -243,6 +248,21 @@ void GptImpl::init_weights() {
     block->mlp->c_proj->weight.zero_();
   }
   lm_head->weight.zero_();
+}
+
+std::vector<std::pair<std::string, Proj>> GptImpl::projections() const {
+  std::vector<std::pair<std::string, Proj>> out;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto b = blocks->ptr(i)->as<BlockImpl>();
+    const std::string at = "blocks." + std::to_string(i) + ".";
+    out.push_back({at + "attn.c_q", b->attn->c_q});
+    out.push_back({at + "attn.c_k", b->attn->c_k});
+    out.push_back({at + "attn.c_v", b->attn->c_v});
+    out.push_back({at + "attn.c_proj", b->attn->c_proj});
+    out.push_back({at + "mlp.c_fc", b->mlp->c_fc});
+    out.push_back({at + "mlp.c_proj", b->mlp->c_proj});
+  }
+  return out;
 }
 
 int64_t GptImpl::num_parameters() const {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "models/language_model.h"
+#include "models/lora_linear.h"
 
 #include <torch/torch.h>
 
@@ -82,14 +83,14 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
       const torch::Tensor& pos,
       const torch::Tensor& visible);
   int64_t n_head, n_kv_head, head_dim;
-  torch::nn::Linear c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
+  Proj c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
 struct MlpImpl : torch::nn::Module {
   explicit MlpImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  Proj c_fc{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -106,7 +107,7 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-struct GptImpl : LanguageModel {
+struct GptImpl : AdaptableModel {
   explicit GptImpl(const GptConfig& c);
 
   // Logits (B, T, V) in float32, soft-capped. With a cache, `idx` holds the
@@ -129,6 +130,9 @@ struct GptImpl : LanguageModel {
   int64_t vocab_size() const override {
     return config.vocab_size;
   }
+  // The blocks' projections (attn.c_q, c_k, c_v, c_proj; mlp.c_fc,
+  // c_proj), which LoRA can wrap (models/lora_linear.h).
+  std::vector<std::pair<std::string, Proj>> projections() const override;
 
   // nanochat's initialisation: embeddings N(0, 1); matrices N(0, s) with
   // s = min(1, sqrt(fan_out / fan_in)) / sqrt(fan_in); the output

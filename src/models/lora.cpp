@@ -132,9 +132,9 @@ LoraSpec read_adapter_config(const std::string& dir) {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(
-    const Llama& model) {
+    const AdaptableModel& model) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [name, p] : model->projections()) {
+  for (const auto& [name, p] : model.projections()) {
     if (!p->has_lora())
       continue;
     out.push_back({kPeftPrefix + name + ".lora_A.weight", p->lora_A->weight});
@@ -144,7 +144,7 @@ std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(
 }
 
 void load_adapter(
-    Llama& model,
+    AdaptableModel& model,
     const std::string& dir,
     torch::ScalarType dtype) {
   LoraSpec spec = read_adapter_config(dir);
@@ -157,7 +157,7 @@ void load_adapter(
         "PyTorch's pickle format, is not read: save with "
         "safe_serialization=True).");
   auto f = safetensors::File::open(file);
-  model->add_lora(spec, dtype);
+  model.add_lora(spec, dtype);
   std::set<std::string> used;
   torch::NoGradGuard no_grad;
   for (auto& [key, tensor] : adapter_tensors(model)) {
@@ -192,7 +192,7 @@ void load_adapter(
 }
 
 void save_adapter(
-    const Llama& model,
+    const AdaptableModel& model,
     const LoraSpec& spec,
     const std::string& dir,
     const std::string& base_model) {
@@ -200,6 +200,15 @@ void save_adapter(
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (auto& [k, t] : adapter_tensors(model))
     tensors.push_back({k, t.detach()});
+  // target_modules: the adapted modules' own names, in the model's order
+  // (what PEFT writes), whatever the spec's spelling ("q" for q_proj).
+  std::vector<std::string> targets;
+  for (const auto& [name, p] : model.projections()) {
+    const std::string leaf = name.substr(name.rfind('.') + 1);
+    if (p->has_lora() &&
+        std::find(targets.begin(), targets.end(), leaf) == targets.end())
+      targets.push_back(leaf);
+  }
   safetensors::save(
       (fs::path(dir) / "adapter_model.safetensors").string(),
       tensors,
@@ -211,7 +220,7 @@ void save_adapter(
       {"r", spec.r},
       {"lora_alpha", spec.alpha},
       {"lora_dropout", spec.dropout},
-      {"target_modules", normalize_target_modules(spec.target_modules)},
+      {"target_modules", targets},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"use_rslora", spec.rslora},

@@ -17,6 +17,7 @@
 #include "models/hf/model.h"
 
 #include <string>
+#include <type_traits>
 
 namespace orchard::models {
 
@@ -30,21 +31,52 @@ LoraSpec read_adapter_config(const std::string& adapter_dir);
 // (float32 unless `dtype` says otherwise). UserError when a tensor is
 // missing, extra or of the wrong shape.
 void load_adapter(
-    Llama& model,
+    AdaptableModel& model,
     const std::string& adapter_dir,
     torch::ScalarType dtype = torch::kFloat32);
 
 // Writes the model's adapters to `dir` (created) in PEFT's format.
 // `base_model` goes into base_model_name_or_path.
 void save_adapter(
-    const Llama& model,
+    const AdaptableModel& model,
     const LoraSpec& spec,
     const std::string& dir,
     const std::string& base_model);
 
 // The adapters only, under PEFT's keys.
 std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(
-    const Llama& model);
+    const AdaptableModel& model);
+
+// The same for a module holder (models::Llama, models::Gpt).
+template <
+    class Holder,
+    class = std::enable_if_t<
+        std::is_base_of_v<AdaptableModel, typename Holder::ContainedType>>>
+void load_adapter(
+    Holder& model,
+    const std::string& adapter_dir,
+    torch::ScalarType dtype = torch::kFloat32) {
+  load_adapter(*model, adapter_dir, dtype);
+}
+template <
+    class Holder,
+    class = std::enable_if_t<
+        std::is_base_of_v<AdaptableModel, typename Holder::ContainedType>>>
+void save_adapter(
+    const Holder& model,
+    const LoraSpec& spec,
+    const std::string& dir,
+    const std::string& base_model) {
+  save_adapter(*model, spec, dir, base_model);
+}
+template <
+    class Holder,
+    class = std::enable_if_t<
+        std::is_base_of_v<AdaptableModel, typename Holder::ContainedType>>>
+std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(
+    const Holder& model) {
+  return adapter_tensors(*model);
+}
 
 // Writes a full model folder: the weights with adapters folded in
 // (model.safetensors, in the model's dtype), config.json, and the

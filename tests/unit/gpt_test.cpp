@@ -3,6 +3,7 @@
 #include "models/gpt.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "models/lora.h"
 #include "train/pretrain_config.h"
 
 #include <gtest/gtest.h>
@@ -114,6 +115,71 @@ TEST(Gpt, OverfitsOneBatch) {
   }
   EXPECT_NEAR(first, std::log(11.0), 1e-3); // zero lm_head: uniform logits
   EXPECT_LT(last, 0.05);
+}
+
+// LoRA wraps the GPT's projections as it wraps a Hugging Face model's
+// (models/lora_linear.h): a zero B changes nothing, trained A and B give
+// exactly the model whose weights are W + (alpha / r) B A (computed here in
+// float64), only the adapters train, and they are saved under PEFT's keys
+// with the GPT's module paths.
+TEST(Gpt, LoraWrapsItsProjections) {
+  torch::manual_seed(7);
+  const GptConfig c = tiny(1);
+  Gpt m(c);
+  m->to(torch::kFloat64);
+  {
+    torch::NoGradGuard g; // nonzero everywhere, so every path counts
+    for (auto& p : m->parameters())
+      p.normal_(0.0, 0.3);
+  }
+  auto idx = torch::randint(0, c.vocab_size, {2, 8});
+  auto before = m->forward(idx);
+  LoraSpec spec;
+  spec.r = 2;
+  spec.alpha = 4;
+  spec.target_modules = {"c_q", "c_v", "c_fc", "c_proj"}; // c_proj: both
+  EXPECT_EQ(m->add_lora(spec, torch::kFloat64), 5 * c.n_layer);
+  EXPECT_TRUE(torch::equal(m->forward(idx), before));
+  int64_t trainable = 0;
+  for (const auto& p : m->named_parameters())
+    if (p.value().requires_grad()) {
+      ++trainable;
+      EXPECT_NE(p.key().find(".lora_"), std::string::npos) << p.key();
+    }
+  EXPECT_EQ(trainable, 2 * 5 * c.n_layer);
+
+  Gpt merged(c);
+  merged->to(torch::kFloat64);
+  {
+    torch::NoGradGuard g;
+    auto from = m->named_parameters();
+    for (auto& p : merged->named_parameters())
+      p.value().copy_(from[p.key()]);
+    auto target = merged->projections();
+    auto adapted = m->projections();
+    for (size_t i = 0; i < adapted.size(); ++i) {
+      auto& proj = adapted[i].second;
+      if (!proj->has_lora())
+        continue;
+      proj->lora_B->weight.normal_(0.0, 0.5);
+      target[i].second->weight.copy_(
+          proj->weight +
+          2.0 * torch::matmul(proj->lora_B->weight, proj->lora_A->weight));
+    }
+  }
+  auto got = m->forward(idx), want = merged->forward(idx);
+  EXPECT_GT((got - before).abs().max().item<double>(), 1e-3);
+  EXPECT_TRUE(torch::allclose(got, want, 1e-10, 1e-10))
+      << (got - want).abs().max().item<double>();
+
+  auto saved = adapter_tensors(m);
+  ASSERT_EQ(saved.size(), size_t(2 * 5 * c.n_layer));
+  EXPECT_EQ(saved[0].first, "base_model.model.blocks.0.attn.c_q.lora_A.weight");
+  // A name none of the GPT's projections has: refused, naming it.
+  Gpt other(c);
+  LoraSpec llama_names;
+  llama_names.target_modules = {"q_proj"};
+  EXPECT_THROW(other->add_lora(llama_names, torch::kFloat32), UserError);
 }
 
 TEST(Gpt, KvCacheGivesTheSameLogits) {
