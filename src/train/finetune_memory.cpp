@@ -4,6 +4,7 @@
 #include "train/finetune.h"
 
 #include "core/dtype.h"
+#include "models/hf/family.h"
 #include "train/memory_plan.h"
 
 #include <algorithm>
@@ -13,37 +14,31 @@
 namespace orchard::train {
 namespace {
 
+// A layer's projections as the model's family defines them.
+int64_t projection_weights(const models::HfModelConfig& m) {
+  int64_t n = 0;
+  for (const auto& p : models::family_of(m).layer_projections(m))
+    n += p.in * p.out;
+  return n;
+}
+
 // `spec` from lora_spec(), whose target names are normalized.
 int64_t lora_parameter_count(
     const models::HfModelConfig& m,
     const models::LoraSpec& spec) {
   const auto& targets = spec.target_modules;
-  const int64_t C = m.hidden_size, I = m.intermediate_size;
-  const int64_t q = m.num_attention_heads * m.head_dim;
-  const int64_t kv = m.num_key_value_heads * m.head_dim;
   int64_t per_layer = 0;
-  for (const auto& t : targets) {
-    int64_t in = C, out = C;
-    if (t == "q_proj")
-      out = q;
-    else if (t == "k_proj" || t == "v_proj")
-      out = kv;
-    else if (t == "o_proj")
-      in = q;
-    else if (t == "gate_proj" || t == "up_proj")
-      out = I;
-    else if (t == "down_proj")
-      in = I;
-    per_layer += spec.r * (in + out);
-  }
+  for (const auto& p : models::family_of(m).layer_projections(m))
+    if (std::find(targets.begin(), targets.end(), p.name) != targets.end())
+      per_layer += spec.r * (p.in + p.out);
   return per_layer * m.num_hidden_layers;
 }
 
+// Projections, two norms a layer, the final norm, the embedding and an
+// untied head (biases left out: a few thousand parameters).
 int64_t model_parameter_count(const models::HfModelConfig& m) {
-  const int64_t C = m.hidden_size, I = m.intermediate_size;
-  const int64_t q = m.num_attention_heads * m.head_dim;
-  const int64_t kv = m.num_key_value_heads * m.head_dim;
-  const int64_t layer = C * q * 2 + C * kv * 2 + 3 * C * I + 2 * C;
+  const int64_t C = m.hidden_size;
+  const int64_t layer = projection_weights(m) + 2 * C;
   return m.num_hidden_layers * layer +
       m.vocab_size * C * (m.tie_word_embeddings ? 1 : 2) + C;
 }
@@ -62,14 +57,13 @@ FinetuneMemory finetune_memory(
   const double params = double(model_parameter_count(m));
   const double T = double(cfg.max_seq_length), C = double(m.hidden_size);
   const double I = double(m.intermediate_size), L = double(m.num_hidden_layers);
-  const double q = double(m.num_attention_heads * m.head_dim);
   const double kv = double(m.num_key_value_heads * m.head_dim);
   r.weights = params * b;
   if (lora && cfg.load_in_4bit) {
     // The layers' projections at half a byte a weight plus one absmax per
     // 64 weights; embeddings, norms (and an untied lm_head) as they were;
     // one projection expanded at a time.
-    const double proj = L * (C * q * 2 + C * kv * 2 + 3 * C * I);
+    const double proj = L * double(projection_weights(m));
     r.weights = (params - proj) * b + proj * (0.5 + b / 64) +
         C * I * (b + 4); // the largest expanded matrix and its indices
   }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "lora_test_util.h"
+#include "models/hf/family.h"
 #include "models/hf/model.h"
 #include "models/lora.h"
 #include "test_util.h"
@@ -230,6 +231,32 @@ TEST(HfModel, ConfigFacts) {
   EXPECT_DOUBLE_EQ(inv[0].item<double>(), 1.0);
   const double lowest = 1.0 / std::pow(500000.0, 14.0 / 16.0);
   EXPECT_NEAR(inv[7].item<double>(), lowest / 8.0, 1e-12);
+}
+
+// Each family's projection shapes, read from config.json alone (what the
+// memory estimate counts), are the shapes of the weights transformers
+// saved; and the model's parameters are what the estimate's count is built
+// from (projections, two norms a layer, final norm, embedding, head).
+TEST(HfModel, FamilyProjectionShapesAreTheSavedOnes) {
+  for (const std::string arch : {"llama", "qwen2", "mistral", "mistral_sp"}) {
+    const auto cfg = models::read_hf_config(kHf + "/" + arch);
+    const auto shapes = models::family_of(cfg).layer_projections(cfg);
+    auto model = load(arch);
+    int64_t checked = 0;
+    for (const auto& [name, proj] : model->projections()) {
+      const std::string leaf = name.substr(name.rfind('.') + 1);
+      auto it = std::find_if(shapes.begin(), shapes.end(), [&](const auto& p) {
+        return p.name == leaf;
+      });
+      ASSERT_NE(it, shapes.end()) << arch << " " << name;
+      EXPECT_EQ(proj->weight.size(0), it->out) << arch << " " << name;
+      EXPECT_EQ(proj->weight.size(1), it->in) << arch << " " << name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, int64_t(shapes.size()) * cfg.num_hidden_layers) << arch;
+  }
+  EXPECT_THROW(
+      models::family_of(models::HfModelConfig{}), std::invalid_argument);
 }
 
 // mistral_sp has a SentencePiece-style tokenizer.json (byte fallback, the

@@ -1,5 +1,7 @@
 #include "models/hf/family.h"
 
+#include <stdexcept>
+
 namespace orchard::models {
 
 const std::vector<const HfFamily*>& hf_families() {
@@ -13,6 +15,13 @@ const HfFamily* find_hf_family(const std::string& architecture) {
     if (f->architecture == architecture)
       return f;
   return nullptr;
+}
+
+const HfFamily& family_of(const HfModelConfig& c) {
+  if (const HfFamily* f = find_hf_family(c.architecture))
+    return *f;
+  throw std::invalid_argument(
+      "[family_of] no family for architecture '" + c.architecture + "'");
 }
 
 std::string supported_architectures() {

@@ -9,11 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace orchard::models {
+
+// One linear projection of a decoder layer: its own module name and sizes.
+struct ProjectionShape {
+  std::string name; // "q_proj"
+  int64_t in = 0, out = 0;
+};
 
 struct HfFamily {
   std::string architecture; // "LlamaForCausalLM"
@@ -23,7 +30,14 @@ struct HfFamily {
   std::function<
       void(const nlohmann::json& j, HfModelConfig& c, const std::string& file)>
       read;
+  // The linear projections of one layer, from the config alone: what the
+  // memory estimate counts (weights, 4-bit codes, LoRA adapters).
+  std::function<std::vector<ProjectionShape>(const HfModelConfig& c)>
+      layer_projections;
 };
+
+// Llama's seven (q, k, v, o, gate, up, down), which Qwen2 and Mistral share.
+std::vector<ProjectionShape> llama_layer_projections(const HfModelConfig& c);
 
 const HfFamily& llama_family();
 const HfFamily& qwen2_family();
@@ -32,5 +46,8 @@ const HfFamily& mistral_family();
 // Every family, and the one an architecture names (nullptr if none).
 const std::vector<const HfFamily*>& hf_families();
 const HfFamily* find_hf_family(const std::string& architecture);
+// The family of a config read by read_hf_config (std::invalid_argument for
+// one that did not come from there).
+const HfFamily& family_of(const HfModelConfig& c);
 
 } // namespace orchard::models

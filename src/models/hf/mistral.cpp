@@ -14,7 +14,8 @@ const HfFamily& mistral_family() {
         if (j.contains("sliding_window") &&
             j["sliding_window"].is_number_integer())
           c.sliding_window = j["sliding_window"].get<int64_t>();
-      }};
+      },
+      llama_layer_projections};
   return family;
 }
 

@@ -10,7 +10,8 @@ const HfFamily& qwen2_family() {
       "qwen2",
       [](const nlohmann::json&, HfModelConfig& c, const std::string&) {
         c.qkv_bias = true;
-      }};
+      },
+      llama_layer_projections};
   return family;
 }
 
