@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <deque>
 #include <mutex>
 
@@ -85,7 +86,8 @@ struct Channel {
 infer::SamplingOptions sampling_of(
     const json& body,
     const ServeOptions& opt,
-    bool* stream) {
+    bool* stream,
+    bool* include_usage) {
   infer::SamplingOptions s;
   s.temperature = 1.0; // OpenAI's default
   s.top_k = 0;
@@ -132,7 +134,12 @@ infer::SamplingOptions sampling_of(
   }
   int64_t n = 1;
   integer("n", 1, 1, n);
-  if (body.contains("stop") && !body["stop"].is_null())
+  // OpenAI clients send "stop": [] (or "") for none; stop strings are not
+  // supported.
+  const json stop = body.value("stop", json(nullptr));
+  const bool no_stop = stop.is_null() || (stop.is_array() && stop.empty()) ||
+      (stop.is_string() && stop.get_ref<const std::string&>().empty());
+  if (!no_stop)
     throw BadRequest{
         "stop sequences are not supported by this server; leave out "
         "\"stop\" (replies end at the model's end-of-turn token).",
@@ -142,6 +149,26 @@ infer::SamplingOptions sampling_of(
     if (!body["stream"].is_boolean())
       throw BadRequest{"stream must be true or false.", "stream"};
     *stream = body["stream"].get<bool>();
+  }
+  // stream_options: {"include_usage": true} adds a last chunk with usage.
+  *include_usage = false;
+  const json so = body.value("stream_options", json(nullptr));
+  if (!so.is_null()) {
+    if (!so.is_object())
+      throw BadRequest{
+          "stream_options must be an object such as {\"include_usage\": "
+          "true}.",
+          "stream_options"};
+    if (!*stream)
+      throw BadRequest{
+          "stream_options is only allowed with \"stream\": true.",
+          "stream_options"};
+    const json iu = so.value("include_usage", json(false));
+    if (!iu.is_boolean())
+      throw BadRequest{
+          "stream_options.include_usage must be true or false.",
+          "stream_options.include_usage"};
+    *include_usage = iu.get<bool>();
   }
   return s;
 }
@@ -161,12 +188,12 @@ struct Server::Impl {
     routes();
   }
 
-  json parse_body(const httplib::Request& req) {
-    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json parse_body(const std::string& text) {
+    json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded())
       throw BadRequest{
-          "the request body is not valid JSON (" +
-              std::to_string(req.body.size()) + " bytes).",
+          "the request body is not valid JSON (" + std::to_string(text.size()) +
+              " bytes).",
           ""};
     if (!body.is_object())
       throw BadRequest{"the request body must be a JSON object.", ""};
@@ -320,17 +347,19 @@ struct Server::Impl {
   }
 
   // Server-sent events: one `data:` line per piece from `chunk`, then the
-  // final chunk and [DONE]. A failed write (the client left) cancels.
+  // final chunk, the usage chunk when asked for (stream_options), and
+  // [DONE]. A failed write (the client left) cancels.
   void stream(
       httplib::Response& res,
       std::shared_ptr<Channel> ch,
       std::shared_ptr<infer::BatchRequest> request,
       std::function<json(const std::string* text, const std::string* finish)>
-          chunk) {
+          chunk,
+      std::function<json(int64_t completion_tokens)> usage_chunk) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ch, request, chunk](size_t, httplib::DataSink& sink) {
+        [ch, request, chunk, usage_chunk](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& data) {
             std::string event = "data: " + data + "\n\n";
             if (!sink.write(event.data(), event.size())) {
@@ -363,6 +392,9 @@ struct Server::Impl {
               std::string finish = reason == "length" ? "length" : "stop";
               if (!send(chunk(nullptr, &finish).dump(-1, ' ', false, kReplace)))
                 return false;
+              if (usage_chunk &&
+                  !send(usage_chunk(ch->tokens).dump(-1, ' ', false, kReplace)))
+                return false;
             }
             send("[DONE]");
             sink.done();
@@ -372,11 +404,36 @@ struct Server::Impl {
         [request](bool) { request->cancelled = true; });
   }
 
-  void chat_completions(const httplib::Request& req, httplib::Response& res) {
-    json body = parse_body(req);
+  // The usage chunk that ends a stream with include_usage (OpenAI's shape:
+  // no choices).
+  static std::function<json(int64_t)> usage_chunk_of(
+      bool wanted,
+      const std::string& id,
+      const char* object,
+      int64_t created,
+      const std::string& model,
+      int64_t prompt_tokens) {
+    if (!wanted)
+      return nullptr;
+    return [=](int64_t completion_tokens) {
+      return json{
+          {"id", id},
+          {"object", object},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array()},
+          {"usage",
+           {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}}}};
+    };
+  }
+
+  void chat_completions(const std::string& text, httplib::Response& res) {
+    json body = parse_body(text);
     auto messages = messages_of(body);
-    bool streaming = false;
-    auto s = sampling_of(body, opt, &streaming);
+    bool streaming = false, include_usage = false;
+    auto s = sampling_of(body, opt, &streaming, &include_usage);
     auto prompt = chat.prompt_ids(messages);
     const int64_t prompt_tokens = int64_t(prompt.size());
     std::shared_ptr<infer::BatchRequest> request;
@@ -409,7 +466,14 @@ struct Server::Impl {
                        {"delta", delta},
                        {"finish_reason",
                         finish ? json(*finish) : json(nullptr)}}})}};
-          });
+          },
+          usage_chunk_of(
+              include_usage,
+              id,
+              "chat.completion.chunk",
+              created,
+              model,
+              prompt_tokens));
       return;
     }
     reply_whole(
@@ -428,8 +492,8 @@ struct Server::Impl {
         prompt_tokens);
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
-    json body = parse_body(req);
+  void completions(const std::string& text, httplib::Response& res) {
+    json body = parse_body(text);
     if (!body.contains("prompt"))
       throw BadRequest{"prompt is required.", "prompt"};
     std::string prompt_text;
@@ -446,8 +510,8 @@ struct Server::Impl {
               " characters; this server accepts at most " +
               std::to_string(opt.max_message_chars) + ".",
           "prompt"};
-    bool streaming = false;
-    auto s = sampling_of(body, opt, &streaming);
+    bool streaming = false, include_usage = false;
+    auto s = sampling_of(body, opt, &streaming, &include_usage);
     const auto& tok = chat.tokenizer();
     std::vector<int64_t> prompt;
     if (auto bos = tok.document_start()) {
@@ -486,7 +550,14 @@ struct Server::Impl {
                  choice(
                      text ? *text : "",
                      finish ? json(*finish) : json(nullptr))}};
-          });
+          },
+          usage_chunk_of(
+              include_usage,
+              id,
+              "text_completion",
+              created,
+              model,
+              prompt_tokens));
       return;
     }
     reply_whole(
@@ -502,12 +573,32 @@ struct Server::Impl {
         prompt_tokens);
   }
 
-  // Runs a handler; a BadRequest becomes its status and error body.
+  // Runs a handler on the request's body; a BadRequest becomes its status
+  // and error body. The body is read here, whatever its Content-Type:
+  // clients such as `curl -d` send JSON as form data, whose bodies
+  // cpp-httplib would otherwise cap at 8 KB (with a 413), far below
+  // max_body_bytes.
   template <class F>
-  httplib::Server::Handler guarded(F f) {
-    return [this, f](const httplib::Request& req, httplib::Response& res) {
+  httplib::Server::HandlerWithContentReader guarded(F f) {
+    return [this, f](
+               const httplib::Request& req,
+               httplib::Response& res,
+               const httplib::ContentReader& content) {
       try {
-        (this->*f)(req, res);
+        if (req.is_multipart_form_data())
+          throw BadRequest{
+              "send the request as a JSON body (Content-Type: "
+              "application/json), not multipart form data.",
+              "",
+              415};
+        std::string body;
+        const bool whole = content([&](const char* data, size_t n) {
+          body.append(data, n);
+          return true;
+        });
+        if (!whole)
+          return; // too large (413) or cut short: cpp-httplib set the status
+        (this->*f)(body, res);
       } catch (const BadRequest& e) {
         res.status = e.status;
         res.set_content(error_body(e.message, e.param), "application/json");
@@ -520,6 +611,33 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(opt.max_body_bytes);
+    // Not cpp-httplib's default, which adds SO_REUSEPORT: with it a second
+    // server would share a port that is in use, and requests would
+    // alternate between two models.
+    http.set_socket_options([](auto sock) {
+      int yes = 1;
+      ::setsockopt(
+          sock,
+          SOL_SOCKET,
+          SO_REUSEADDR,
+          reinterpret_cast<const char*>(&yes),
+          sizeof yes);
+    });
+    // One line per request on stderr.
+    if (opt.log_requests)
+      http.set_logger(
+          [](const httplib::Request& req, const httplib::Response& res) {
+            std::time_t now = std::time(nullptr);
+            char when[32];
+            std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&now));
+            std::fprintf(
+                stderr,
+                "%s %s %s %d\n",
+                when,
+                req.method.c_str(),
+                req.path.c_str(),
+                res.status);
+          });
     const int threads = opt.threads;
     http.new_task_queue = [threads] {
       return new httplib::ThreadPool(size_t(threads));

@@ -37,7 +37,10 @@ struct ServeOptions {
   int64_t max_tokens_limit = 2048; // largest max_tokens accepted
   int64_t default_max_tokens = 256;
   size_t max_body_bytes = 1 << 20;
-  int threads = 64; // connections served at once (streams hold one each)
+  // Connections served at once (a stream holds one): room for 64 streams
+  // and the /health and page requests beside them.
+  int threads = 128;
+  bool log_requests = true; // one line per request on stderr
 };
 
 class Server {

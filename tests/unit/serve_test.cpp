@@ -2,6 +2,7 @@
 // chat model: the OpenAI-compatible routes (plain, streamed, concurrent),
 // every error they give, authentication, a client that leaves mid-stream,
 // and the chat page in headless Chromium.
+#include "core/error.h"
 #include "infer/batch.h"
 #include "infer/chat.h"
 #include "serve/server.h"
@@ -19,10 +20,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <malloc.h>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <random>
 #include <thread>
 
 namespace orchard {
@@ -395,6 +399,72 @@ TEST(Serve, EachBadRequestGetsItsStatusAndNamesTheField) {
   EXPECT_EQ(post(chat_body(2).dump())->status, 200);
 }
 
+// What OpenAI clients and the docs' curl examples send: bodies as form data
+// (curl -d) over 8 KB, "stop": [], stream_options.include_usage. A port in
+// use is refused, not shared.
+TEST(Serve, ClientsAsTheyAreAndABusyPort) {
+  ServerFixture f;
+  auto c = f.client();
+  // 9 KB of JSON (whitespace is JSON) without Content-Type: application/json.
+  std::string big = std::string(9000, ' ') + chat_body(2).dump();
+  auto r =
+      c.Post("/v1/chat/completions", big, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = c.Post("/v1/chat/completions", big, "text/plain");
+  EXPECT_EQ(r->status, 200) << r->body;
+  // Over the limit is still 413, whatever the type.
+  r = c.Post(
+      "/v1/chat/completions",
+      std::string(2 << 20, ' '),
+      "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_NE(r->body.find("too large"), std::string::npos) << r->body;
+
+  for (json stop : {json::array(), json(""), json(nullptr)}) {
+    json body = chat_body(2);
+    body["stop"] = stop;
+    r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_EQ(r->status, 200) << stop.dump() << " -> " << r->body;
+  }
+
+  json body = chat_body(6, /*stream=*/true);
+  body["stream_options"] = {{"include_usage", true}};
+  r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto events = sse_data(r->body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  auto usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty()) << usage.dump();
+  int64_t pieces = 0;
+  for (size_t i = 0; i + 2 < events.size(); ++i)
+    pieces += json::parse(events[i])["choices"][0]["delta"].contains("content");
+  EXPECT_GE(usage["usage"]["completion_tokens"].get<int64_t>(), pieces);
+  EXPECT_LE(usage["usage"]["completion_tokens"].get<int64_t>(), 6);
+  EXPECT_EQ(
+      usage["usage"]["total_tokens"].get<int64_t>(),
+      usage["usage"]["prompt_tokens"].get<int64_t>() +
+          usage["usage"]["completion_tokens"].get<int64_t>());
+  body["stream_options"] = "yes";
+  r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "stream_options");
+
+  // A second server on the same port: refused with a message.
+  serve::ServeOptions o;
+  o.port = f.port;
+  serve::Server second(*f.chat, o);
+  try {
+    second.bind();
+    ADD_FAILURE() << "a second server bound port " << f.port;
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos);
+  }
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
 TEST(Serve, ApiKeyGuardsTheApiButNotHealth) {
   serve::ServeOptions o;
   o.api_key = "s3cret";
@@ -503,6 +573,160 @@ TEST(Serve, AClientThatLeavesMidStreamFreesItsSlot) {
 
 // The chat page in headless Chromium: it loads, sends the message in its
 // address (#send=...), and shows the streamed reply.
+// Resident memory of this process, in bytes (Linux; 0 elsewhere).
+double resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  double pages = 0, resident = 0;
+  if (!(in >> pages >> resident))
+    return 0;
+  return resident * double(::sysconf(_SC_PAGESIZE));
+}
+
+// A raw request on its own connection; reads up to `read_bytes` of the
+// answer (0: all of it) and hangs up. Returns what was read.
+std::string raw_request(
+    int port,
+    const std::string& request,
+    size_t read_bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          ssize_t(request.size())) {
+    char buf[1024];
+    ssize_t n;
+    while ((read_bytes == 0 || got.size() < read_bytes) &&
+           (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
+      got.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+std::string post_request(const std::string& body, const std::string& type) {
+  return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+         "Connection: close\r\nContent-Type: " +
+      type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+      body;
+}
+
+// 64 concurrent streams whose clients hang up at random, oversized bodies,
+// invalid UTF-8, chunked bodies and a request every few ms, for a bounded
+// time over loopback: every request gets its answer or its 4xx, /health
+// answers throughout, every slot is freed, and memory returns to where it
+// started (within what the allocator keeps).
+TEST(Serve, UnderAbuseKeepsAnsweringAndFreesEverySlot) {
+  ServerFixture f(serve::ServeOptions{}, /*max_seq=*/256);
+  const int port = f.port;
+  // Warm up (the first requests allocate the engine's buffers).
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(
+        f.client()
+            .Post(
+                "/v1/chat/completions", chat_body(8).dump(), "application/json")
+            ->status,
+        200);
+  const double before = resident_bytes();
+  std::atomic<int> answered{0}, refused{0}, hung_up{0}, wrong{0};
+  auto run_client = [&](int id) {
+    std::mt19937 rng(uint32_t(id) * 7919u + 1);
+    for (int round = 0; round < 4; ++round) {
+      json body = chat_body(16, /*stream=*/true);
+      body["temperature"] = 1.0;
+      body["seed"] = id * 100 + round;
+      switch (rng() % 5) {
+        case 0: { // hang up after the first bytes of the stream
+          raw_request(port, post_request(body.dump(), "application/json"), 40);
+          ++hung_up;
+          break;
+        }
+        case 1: { // invalid UTF-8 in a message
+          std::string bad = body.dump();
+          bad.replace(bad.find("tree"), 4, "\xff\xfe\xc0\x80");
+          std::string got =
+              raw_request(port, post_request(bad, "application/json"), 0);
+          (got.find(" 400 ") != std::string::npos ? refused : wrong)++;
+          break;
+        }
+        case 2: { // over the 1 MiB limit
+          std::string got = raw_request(
+              port,
+              post_request(std::string((1 << 20) + 10, ' '), "text/plain"),
+              0);
+          (got.find(" 413 ") != std::string::npos ? refused : wrong)++;
+          break;
+        }
+        case 3: { // a chunked body
+          std::string payload = body.dump();
+          char size[16];
+          std::snprintf(size, sizeof size, "%zx", payload.size());
+          std::string got = raw_request(
+              port,
+              "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+              "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
+                  std::string(size) + "\r\n" + payload + "\r\n0\r\n\r\n",
+              0);
+          (got.find("[DONE]") != std::string::npos ? answered : wrong)++;
+          break;
+        }
+        default: { // a whole streamed reply
+          auto res = f.client().Post(
+              "/v1/chat/completions", body.dump(), "application/json");
+          (res && res->status == 200 &&
+                   res->body.find("[DONE]") != std::string::npos
+               ? answered
+               : wrong)++;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 64; ++i)
+    clients.emplace_back(run_client, i);
+  // /health keeps answering while all of that runs.
+  int health_ok = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto h = f.client().Get("/health");
+    health_ok += h && h->status == 200;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& t : clients)
+    t.join();
+  EXPECT_EQ(health_ok, 20);
+  EXPECT_EQ(wrong.load(), 0) << "answers that were neither right nor a 4xx";
+  EXPECT_EQ(answered + refused + hung_up, 64 * 4);
+  // Every slot is freed: nothing active or queued once the hung-up
+  // requests were noticed.
+  json health;
+  for (int i = 0; i < 400; ++i) {
+    health = json::parse(f.client().Get("/health")->body);
+    if (health["active"] == 0 && health["queued"] == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_EQ(health["active"], 0) << health.dump();
+  EXPECT_EQ(health["queued"], 0) << health.dump();
+  ::malloc_trim(0);
+  const double after = resident_bytes();
+  std::printf(
+      "abuse: %d answered, %d refused (4xx), %d hung up; resident memory "
+      "%.1f MB before, %.1f MB after\n",
+      answered.load(),
+      refused.load(),
+      hung_up.load(),
+      before / 1e6,
+      after / 1e6);
+  // Per-thread stacks and the allocator's arenas stay; a leak per request
+  // (256 requests) would show as tens of MB.
+  EXPECT_LT(after - before, 48e6);
+}
+
 TEST(Serve, ChatPageInHeadlessChromiumShowsAStreamedReply) {
   std::string browser;
   for (const char* b :
