@@ -8,12 +8,61 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 namespace orchard {
 
+namespace {
+
+// A test hook for fault injection (tests/e2e): with
+// ORCHARD_TEST_FAIL_WRITE=PART@N, writing the Nth file whose path contains
+// PART fails as a full disk would (ENOSPC), after half of one write's
+// bytes. Unset, it costs one getenv per process.
+struct WriteFault {
+  std::string part;
+  long nth = 0;
+  long seen = 0;
+  std::string last_path; // files are written in several write_all calls
+};
+
+WriteFault* write_fault() {
+  static WriteFault* fault = []() -> WriteFault* {
+    const char* spec = std::getenv("ORCHARD_TEST_FAIL_WRITE");
+    if (!spec || !*spec)
+      return nullptr;
+    std::string s = spec;
+    auto at = s.rfind('@');
+    auto* f = new WriteFault;
+    f->part = s.substr(0, at);
+    f->nth = at == std::string::npos ? 1 : std::atol(s.c_str() + at + 1);
+    return f;
+  }();
+  return fault;
+}
+
+bool injected_failure(const std::string& path) {
+  WriteFault* f = write_fault();
+  if (!f || path.find(f->part) == std::string::npos)
+    return false;
+  if (path != f->last_path) {
+    f->last_path = path;
+    ++f->seen;
+  }
+  return f->seen == f->nth;
+}
+
+} // namespace
+
 void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  if (injected_failure(path)) {
+    [[maybe_unused]] auto n = ::write(fd, data, size / 2);
+    throw UserError(
+        "cannot write '" + path + "': " + std::strerror(ENOSPC) +
+            " (is the disk full?)",
+        kExitFailure);
+  }
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd, p, size);
@@ -22,7 +71,8 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
     if (n <= 0)
       throw UserError(
           "cannot write '" + path + "': " + std::strerror(errno) +
-          " (is the disk full?)");
+              " (is the disk full?)",
+          kExitFailure);
     p += n;
     size -= static_cast<size_t>(n);
   }

@@ -1,11 +1,14 @@
 #include "core/progress.h"
 
+#include "core/files.h"
+
 #include "core/error.h"
 
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/machine.h"
@@ -132,7 +135,28 @@ void ProgressLine::finish() {
   }
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step)
+    : path_(path) {
+  if (resume_step >= 0) {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::string line, kept;
+      bool dropped = false;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        const bool later = j.is_object() && j.contains("step") &&
+            j["step"].is_number() && j["step"].get<double>() > resume_step;
+        if (j.is_discarded() || later) {
+          dropped = true;
+          continue;
+        }
+        kept += line + "\n";
+      }
+      in.close();
+      if (dropped)
+        atomic_write(path, kept);
+    }
+  }
   file_ = std::fopen(path.c_str(), "a");
   if (!file_)
     throw UserError(

@@ -70,10 +70,12 @@ class ProgressLine {
 };
 
 // Appends one JSON object per line to a file, flushed per line so a crash
-// loses nothing already reported.
+// loses nothing already reported. A run resumed from step N first drops the
+// rows of steps after N (they are trained again) and any line a crash cut
+// short, so every step appears once.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);
+  explicit MetricsWriter(const std::string& path, int64_t resume_step = -1);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -1,5 +1,6 @@
 #include "data/text_prep.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "data/shards.h"
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +24,55 @@ text::TokenId bos_id(const text::Tokenizer& tok) {
       "the tokenizer has no <|bos|>, <|endoftext|>, <|begin_of_text|> or <s> "
       "token to separate documents with; train one with `orchard tokenizer "
       "train` (it adds <|bos|>).");
+}
+
+bool is_prose_file(const std::string& path) {
+  auto ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) {
+    return char(std::tolower(c));
+  });
+  return ext == ".txt" || ext == ".md" || ext == ".text" || ext == ".rst";
+}
+
+std::vector<std::string_view> prose_documents(std::string_view text) {
+  auto blank = [](std::string_view line) {
+    return line.find_first_not_of(" \t\r") == std::string_view::npos;
+  };
+  // Lines, each without its '\n'.
+  std::vector<std::string_view> lines;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos)
+      end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  bool has_blank_line = std::any_of(lines.begin(), lines.end(), blank);
+  std::vector<std::string_view> docs;
+  if (!has_blank_line) {
+    for (auto line : lines)
+      if (!blank(line))
+        docs.push_back(line);
+    return docs;
+  }
+  // Paragraphs: runs of non-blank lines, kept as one view of the original
+  // text (inner line breaks included).
+  const char* begin = nullptr;
+  const char* end = nullptr;
+  for (auto line : lines) {
+    if (blank(line)) {
+      if (begin)
+        docs.emplace_back(begin, size_t(end - begin));
+      begin = nullptr;
+      continue;
+    }
+    if (!begin)
+      begin = line.data();
+    end = line.data() + line.size();
+  }
+  if (begin)
+    docs.emplace_back(begin, size_t(end - begin));
+  return docs;
 }
 
 std::vector<std::string> list_input_files(
@@ -51,7 +102,7 @@ TextPrepStats prepare_text(
     const TextPrepOptions& opt) {
   if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw UserError(
-        "--val-fraction must be at least 0 and below 1 (got " +
+        opt.val_fraction_option + " must be at least 0 and below 1 (got " +
         std::to_string(opt.val_fraction) + ").");
   if (opt.split != "auto" && opt.split != "train" && opt.split != "val")
     throw UserError(
@@ -113,7 +164,12 @@ TextPrepStats prepare_text(
     } else {
       std::stringstream ss;
       ss << in.rdbuf();
-      add_document(ss.str());
+      std::string text = ss.str();
+      if (is_prose_file(file))
+        for (auto doc : prose_documents(text))
+          add_document(doc);
+      else
+        add_document(text);
     }
   }
   train.finish();
@@ -121,8 +177,10 @@ TextPrepStats prepare_text(
   if (st.train_documents == 0 && opt.split != "val")
     throw UserError(
         "all " + std::to_string(st.documents) +
-            " document(s) went to validation; give more text or use "
-            "--val-fraction 0.",
+            " document(s) went to validation: give more text or split it "
+            "into documents (blank lines between the paragraphs of a .txt "
+            "file, or one {\"text\": ...} per line of a .jsonl file)" +
+            (opt.no_train_fix.empty() ? "" : ", " + opt.no_train_fix) + ".",
         kExitFailure);
   st.train_files = train.files();
   st.val_files = val.files();
@@ -149,6 +207,15 @@ TextPrepStats prepare_text(
     meta["val_documents"] = st.val_documents;
     meta["val_tokens"] = st.val_tokens;
   }
+  // Each shard's size and checksum, for caches to verify before reuse.
+  if (!meta.contains("files") || !meta["files"].is_object())
+    meta["files"] = nlohmann::json::object();
+  for (const auto* list : {&st.train_files, &st.val_files})
+    for (const auto& f : *list) {
+      FileChecksum c = checksum_file(f);
+      meta["files"][fs::path(f).filename().string()] = {
+          {"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
+    }
   atomic_write(meta_path, meta.dump(2) + "\n");
   return st;
 }

@@ -1,5 +1,6 @@
 #include "runs/checkpoint.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
@@ -20,6 +21,33 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kTmpPrefix = ".tmp-";
+constexpr const char* kCheckpointFiles[] = {
+    "model.safetensors",
+    "optimizer.safetensors"};
+
+// UserError naming the file when it is not what state.json says was
+// written (checkpoints from before checksums were kept are not checked).
+void verify_files(const fs::path& dir, const nlohmann::json& state) {
+  if (!state.contains("files") || !state["files"].is_object())
+    return;
+  for (const auto& [name, want] : state["files"].items()) {
+    const fs::path file = dir / name;
+    if (!fs::exists(file))
+      throw UserError(
+          "checkpoint '" + dir.string() + "': " + name + " is missing.");
+    FileChecksum got = checksum_file(file.string());
+    const bool same = want.is_object() &&
+        want.value("bytes", uint64_t(0)) == got.bytes &&
+        want.value("crc32c", std::string()) == crc_hex(got.crc32c);
+    if (!same)
+      throw UserError(
+          "checkpoint '" + dir.string() + "': " + name +
+          " is damaged (its size or checksum is not the one saved with "
+          "it: " +
+          std::to_string(got.bytes) + " bytes, CRC-32C " + crc_hex(got.crc32c) +
+          "; saved " + want.dump() + ").");
+  }
+}
 
 void fsync_dir(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -61,11 +89,37 @@ std::string save_checkpoint(
   remove_tree(tmp.string());
   fs::create_directories(tmp);
   state["step"] = step;
-  safetensors::save(
-      (tmp / "model.safetensors").string(), model, {{"format", "pt"}});
-  safetensors::save(
-      (tmp / "optimizer.safetensors").string(), optimizer, {{"format", "pt"}});
-  atomic_write((tmp / "state.json").string(), state.dump(2) + "\n");
+  try {
+    safetensors::save(
+        (tmp / "model.safetensors").string(), model, {{"format", "pt"}});
+    safetensors::save(
+        (tmp / "optimizer.safetensors").string(),
+        optimizer,
+        {{"format", "pt"}});
+    // Each file's size and checksum, verified whenever it is loaded: bytes
+    // changed in place (same size) are found, not trained on.
+    nlohmann::json files = nlohmann::json::object();
+    for (const char* name : kCheckpointFiles) {
+      FileChecksum c = checksum_file((tmp / name).string());
+      files[name] = {{"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
+    }
+    state["files"] = files;
+    atomic_write((tmp / "state.json").string(), state.dump(2) + "\n");
+  } catch (const UserError& e) {
+    // Nothing half-written stays behind; the checkpoints before are
+    // untouched.
+    remove_tree(tmp.string());
+    auto ckpts = list_checkpoints(run_dir);
+    throw UserError(
+        std::string("could not save the checkpoint of step ") +
+            std::to_string(step) + ": " + e.what() + "\n  " +
+            (ckpts.empty() ? std::string("No earlier checkpoint exists.")
+                           : "The checkpoint of step " +
+                     std::to_string(ckpts.back().first) +
+                     " is intact; free some space and run the same command "
+                     "to resume from it."),
+        kExitFailure);
+  }
   fsync_dir(tmp);
   // Replacing an existing checkpoint of the same step (a resumed run saving
   // again): move the old one aside first so a crash never leaves neither.
@@ -103,9 +157,24 @@ Checkpoint load_checkpoint(const std::string& dir) {
   if (c.state.is_discarded() || !c.state.is_object() ||
       !c.state.contains("step"))
     throw UserError("checkpoint '" + dir + "': state.json is damaged.");
+  if (!c.state["step"].is_number_integer())
+    throw UserError("checkpoint '" + dir + "': state.json is damaged.");
   c.step = c.state["step"].get<int64_t>();
-  c.model = safetensors::load((p / "model.safetensors").string());
-  c.optimizer = safetensors::load((p / "optimizer.safetensors").string());
+  verify_files(p, c.state);
+  // A file that does not parse is a damaged checkpoint, whatever the
+  // reader's advice for downloaded files says.
+  auto load = [&](const char* name) {
+    try {
+      return safetensors::load((p / name).string());
+    } catch (const UserError& e) {
+      std::string what = e.what();
+      what = what.substr(0, what.find('\n')); // not the download advice
+      throw UserError(
+          "checkpoint '" + dir + "': " + name + " is damaged (" + what + ").");
+    }
+  };
+  c.model = load("model.safetensors");
+  c.optimizer = load("optimizer.safetensors");
   return c;
 }
 
@@ -126,16 +195,28 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(
 
 std::optional<Checkpoint> latest_checkpoint(
     const std::string& run_dir,
-    std::vector<std::string>* skipped) {
+    std::vector<std::string>* skipped,
+    bool move_damaged_aside) {
   auto all = list_checkpoints(run_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       return load_checkpoint(it->second);
     } catch (const UserError& e) {
+      std::string note;
+      if (move_damaged_aside) {
+        const fs::path from(it->second);
+        fs::path to;
+        for (int n = 0; to.empty() || fs::exists(to); ++n)
+          to = from.parent_path() /
+              ("damaged-" + from.filename().string() +
+               (n ? "-" + std::to_string(n) : ""));
+        if (::rename(from.c_str(), to.c_str()) == 0)
+          note = " It was moved to " + to.string() + ".";
+      }
       if (skipped)
         skipped->push_back(
             std::string("skipping damaged checkpoint ") + it->second + ": " +
-            e.what());
+            e.what() + note + " An older checkpoint is used.");
     }
   }
   return std::nullopt;

@@ -47,11 +47,15 @@ std::string save_checkpoint(
 // Loads one checkpoint folder; UserError naming what is damaged.
 Checkpoint load_checkpoint(const std::string& dir);
 
-// The newest checkpoint of a run that loads; each damaged newer one adds a
-// line to `skipped` (what was wrong, and that an older one is used).
+// The newest checkpoint of a run that loads (its files' checksums match);
+// each damaged newer one adds a line to `skipped` (what was wrong, and that
+// an older one is used). With `move_damaged_aside` (a run that will train
+// on and save again), a damaged one is renamed to damaged-step_NNNNNN:
+// kept for a look, never overwritten by the next save.
 std::optional<Checkpoint> latest_checkpoint(
     const std::string& run_dir,
-    std::vector<std::string>* skipped = nullptr);
+    std::vector<std::string>* skipped = nullptr,
+    bool move_damaged_aside = false);
 
 // Complete checkpoint folders (state.json present), oldest first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(

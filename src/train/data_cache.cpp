@@ -1,5 +1,6 @@
 #include "train/data_cache.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/machine.h"
@@ -10,6 +11,8 @@
 #include "text/hf_tokenizer.h"
 #include "text/tokenizer_io.h"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -18,12 +21,34 @@ namespace orchard::train {
 namespace {
 namespace fs = std::filesystem;
 
-bool shards_intact(const std::vector<std::string>& paths) {
-  if (paths.empty())
+// Whether cached shards can be reused: every one opens, and when the meta
+// file (written last) records checksums, each matches; a cache a crash cut
+// short, or whose bytes changed, is prepared again.
+bool shards_intact(
+    const std::vector<std::string>& paths,
+    const std::string& meta_path,
+    const std::function<void(const std::string&)>& say) {
+  if (paths.empty() || !fs::exists(meta_path))
     return false;
+  std::ifstream in(meta_path);
+  auto meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json* files =
+      meta.is_object() && meta.contains("files") ? &meta["files"] : nullptr;
   try {
-    for (const auto& p : paths)
+    for (const auto& p : paths) {
       data::Shard::open(p);
+      const std::string name = fs::path(p).filename().string();
+      if (!files || !files->is_object() || !files->contains(name))
+        continue; // a cache from before checksums were kept
+      const auto& want = (*files)[name];
+      FileChecksum got = checksum_file(p);
+      if (want.value("bytes", uint64_t(0)) != got.bytes ||
+          want.value("crc32c", std::string()) != crc_hex(got.crc32c)) {
+        say("The cached shard " + p +
+            " is damaged (its checksum changed); preparing the data again.");
+        return false;
+      }
+    }
   } catch (const UserError&) {
     return false;
   }
@@ -95,6 +120,10 @@ PreparedData prepare_pretraining_data(
     std::string key;
     for (const auto& p : cfg.data_paths)
       key += fs::absolute(p).string() + "\n";
+    // The default split keeps the key of caches made before val_fraction
+    // existed.
+    if (cfg.val_fraction != PretrainConfig{}.val_fraction)
+      key += "val_fraction=" + std::to_string(cfg.val_fraction) + "\n";
     std::string prepared = home + "/prepared/" + cache_key(key + cfg.tokenizer);
     train_inputs = cfg.data_paths;
     d.tokenizer_dir =
@@ -107,7 +136,9 @@ PreparedData prepare_pretraining_data(
     ensure_tokenizer(train_inputs, d.tokenizer_dir, say);
   d.train_shards = data::find_shards(shard_dir, "train");
   d.val_shards = data::find_shards(shard_dir, "val");
-  if (!shards_intact(d.train_shards) || !shards_intact(d.val_shards)) {
+  const std::string meta = shard_dir + "/" + name + "_meta.json";
+  if (!shards_intact(d.train_shards, meta, say) ||
+      !shards_intact(d.val_shards, meta, say)) {
     say("Tokenizing " + d.description + " into " + shard_dir + "...");
     remove_tree(shard_dir);
     auto tok = text::load_tokenizer(d.tokenizer_dir);
@@ -115,6 +146,9 @@ PreparedData prepare_pretraining_data(
     o.out = shard_dir;
     o.name = name;
     o.tokenizer_path = d.tokenizer_dir;
+    o.val_fraction = cfg.val_fraction;
+    o.val_fraction_option = "val_fraction";
+    o.no_train_fix = ""; // val_fraction=0 is not a training option
     if (val_inputs.empty()) {
       o.inputs = train_inputs;
       data::prepare_text(tok, o);
@@ -131,8 +165,9 @@ PreparedData prepare_pretraining_data(
   }
   if (d.val_shards.empty())
     throw UserError(
-        "the data has no validation documents; give more text (one document in "
-        "200 goes to validation).");
+        "the data has no validation documents; give more text, split it into "
+        "documents (blank lines between paragraphs of a .txt file, or one "
+        "{\"text\": ...} per line of a .jsonl file).");
   return d;
 }
 

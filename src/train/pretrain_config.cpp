@@ -83,6 +83,13 @@ const config::Schema& pretrain_schema() {
          .help =
              "text files or folders to train on ([] : the default corpus)"});
     s.add(
+        {.key = "val_fraction",
+         .access = field(&C::val_fraction),
+         .help = "share of data_paths' documents held out for validation "
+                 "(0.005: one in 200)",
+         .min = 0.0001,
+         .max = 0.5});
+    s.add(
         {.key = "data_dir",
          .access = field(&C::data_dir),
          .help =

@@ -42,6 +42,7 @@ struct PretrainConfig {
   // Data
   std::vector<std::string> data_paths; // empty: the default corpus
   std::string data_dir;                // "": $ORCHARD_HOME or ~/.cache/orchard
+  double val_fraction = 0.005;         // of data_paths' documents held out
 
   // Batch
   int64_t max_seq_len = 256;

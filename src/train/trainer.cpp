@@ -83,6 +83,9 @@ struct SignalGuard {
 // Steps in a row with a non-finite gradient (float32/bfloat16) before the
 // run stops as diverged rather than train on garbage.
 constexpr int64_t kMaxNonFiniteSteps = 5;
+// float16 with loss scaling: a scale below this means the gradient is not
+// finite even unscaled.
+constexpr double kMinLossScale = 1.0;
 constexpr double kClipEps = 1e-6; // torch.nn.utils.clip_grad_norm_'s
 
 double now_s() {
@@ -132,6 +135,10 @@ Trainer::Trainer(
   }
 }
 
+int last_stop_signal() {
+  return g_stop_signal;
+}
+
 int64_t Trainer::resume() {
   if (start_)
     return *start_;
@@ -139,7 +146,8 @@ int64_t Trainer::resume() {
   std::optional<runs::Checkpoint> ckpt;
   if (opt_.resume == "auto") {
     std::vector<std::string> skipped;
-    ckpt = runs::latest_checkpoint(opt_.run_dir, &skipped);
+    ckpt = runs::latest_checkpoint(
+        opt_.run_dir, &skipped, /*move_damaged_aside=*/true);
     for (const auto& s : skipped)
       log_("Warning: " + s);
   } else if (opt_.resume != "never") {
@@ -380,7 +388,7 @@ TrainerResult Trainer::run() {
     return result;
   }
   task_.model->train();
-  MetricsWriter metrics(opt_.run_dir + "/metrics.jsonl");
+  MetricsWriter metrics(opt_.run_dir + "/metrics.jsonl", start);
   SignalGuard signals;
   ProgressLine progress;
   EvalResult last_eval;
@@ -422,17 +430,26 @@ TrainerResult Trainer::run() {
     const int64_t done = step + 1;
     if (!applied) {
       ++skipped_;
-      if (scaler_.enabled()) {
+      // With loss scaling an overflow now and then is normal (the scale
+      // halves); once the scale is below 1 the gradient is not finite even
+      // unscaled, which is divergence, as 5 such steps in a row are
+      // without scaling.
+      const bool scaled_overflow =
+          scaler_.enabled() && scaler_.scale() >= kMinLossScale;
+      if (scaled_overflow) {
         progress.message(
             "step " + std::to_string(done) +
             ": float16 gradients overflowed; step skipped, loss scale now " +
             fmt("%g", scaler_.scale()));
-      } else if (++non_finite_run >= kMaxNonFiniteSteps) {
+      } else if (scaler_.enabled() || ++non_finite_run >= kMaxNonFiniteSteps) {
         progress.finish();
         throw UserError(
-            "training diverged: the gradient was not finite for " +
-            std::to_string(kMaxNonFiniteSteps) + " steps in a row (step " +
-            std::to_string(done) +
+            "training diverged: the gradient was not finite " +
+            (scaler_.enabled()
+                 ? std::string("even with the loss scale lowered below 1")
+                 : "for " + std::to_string(kMaxNonFiniteSteps) +
+                     " steps in a row") +
+            " (step " + std::to_string(done) +
             "). Lower the learning rates or use dtype=float32, and resume "
             "from the last good checkpoint in " +
             opt_.run_dir + "/checkpoints (or start over with resume=never).");

@@ -88,6 +88,11 @@ struct TrainerOptions {
   std::string resume = "auto"; // auto | never | a checkpoint folder
 };
 
+// The signal (SIGINT, SIGTERM) that stopped the last Trainer::run() after
+// it saved; 0 when none did. Commands exit with 128 + it, as a shell
+// expects of a program stopped by a signal.
+int last_stop_signal();
+
 struct TrainerResult {
   int64_t step = 0, total = 0;
   EvalResult final_eval;

@@ -1,16 +1,19 @@
 // orchard train resumes exactly: killed with SIGKILL at several points and
 // started again, it ends with the same weights, bit for bit on the CPU, as
-// a run never interrupted. SIGTERM saves and exits 0. A damaged newest
-// checkpoint is skipped for the previous good one.
+// a run never interrupted. SIGTERM saves and exits 143 (128 + SIGTERM). A
+// damaged newest checkpoint is skipped for the previous good one.
 #include "core/safetensors.h"
 #include "runs/checkpoint.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace orchard {
@@ -84,6 +87,17 @@ TEST(TrainResume, SigkillAtSeveralPointsThenResumeIsBitExact) {
   ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
   EXPECT_NE(ref.out.find("Optimizer: Muon"), std::string::npos) << ref.out;
   auto want = t.final_weights("reference");
+  // The steps metrics.jsonl records, in order.
+  auto logged_steps = [&](const std::string& run) {
+    std::vector<int64_t> steps;
+    std::istringstream in(test::read_text(t.dir.file(run + "/metrics.jsonl")));
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("step"))
+        steps.push_back(j["step"].get<int64_t>());
+    }
+    return steps;
+  };
   for (int64_t kill_after : {4, 16, 28}) {
     std::string run = "killed_" + std::to_string(kill_after);
     pid_t pid =
@@ -100,6 +114,8 @@ TEST(TrainResume, SigkillAtSeveralPointsThenResumeIsBitExact) {
         t.final_weights(run),
         want,
         "killed after step " + std::to_string(kill_after));
+    // Steps redone after the resume are logged once, as in one run.
+    EXPECT_EQ(logged_steps(run), logged_steps("reference")) << run;
   }
 }
 
@@ -151,7 +167,7 @@ TEST(TrainResume, AnotherDeviceBatchSizeOnResumeStaysExact) {
       t.final_weights("b8"), t.final_weights("reference"), "B 4 -> 8");
 }
 
-TEST(TrainResume, SigtermSavesExitsZeroAndResumes) {
+TEST(TrainResume, SigtermSavesExits143AndResumes) {
   TinyRun t;
   auto ref = test::run_orchard(t.args("reference"), t.env);
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
@@ -159,7 +175,7 @@ TEST(TrainResume, SigtermSavesExitsZeroAndResumes) {
       test::spawn_orchard(t.args("term"), t.env, t.dir.file("term.log"));
   ASSERT_TRUE(wait_for_checkpoint(t.dir.file("term"), 8, pid));
   ::kill(pid, SIGTERM);
-  EXPECT_EQ(test::wait_child(pid), 0);
+  EXPECT_EQ(test::wait_child(pid), 128 + SIGTERM) << "stopped, not finished";
   std::string log = test::read_text(t.dir.file("term.log"));
   EXPECT_NE(log.find("Stopped by SIGTERM"), std::string::npos) << log;
   EXPECT_NE(log.find("Run the same command again to resume"), std::string::npos)
@@ -194,6 +210,88 @@ TEST(TrainResume, DamagedNewestCheckpointFallsBackToThePreviousOne) {
       << again.out;
   EXPECT_NE(again.out.find("Resuming from"), std::string::npos);
   EXPECT_NE(again.out.find("step_000008"), std::string::npos) << again.out;
+}
+
+// Bytes changed in place (the same size, so only a checksum finds them):
+// the damaged checkpoint is named, moved aside (kept, never overwritten)
+// and training resumes from the one before, ending bit-exact. A damaged
+// checkpoint in the middle of the list is refused when named.
+TEST(TrainResume, ChangedBytesAreFoundByTheChecksum) {
+  TinyRun t;
+  auto args = t.args("flipped");
+  args[7] = "num_iterations=12"; // checkpoints 4, 8, 12
+  ASSERT_EQ(test::run_orchard(args, t.env).exit_code, 0);
+  auto flip = [&](const std::string& ckpt) {
+    std::string path =
+        t.dir.file("flipped/checkpoints/" + ckpt) + "/model.safetensors";
+    std::string bytes = test::read_text(path);
+    for (size_t i = bytes.size() - 64; i < bytes.size() - 32; ++i)
+      bytes[i] = char(0xff); // inside the last tensor's data
+    std::ofstream(path, std::ios::binary) << bytes;
+  };
+  flip("step_000012");
+  flip("step_000004");
+  auto gen = test::run_orchard(
+      {"generate",
+       "--checkpoint",
+       t.dir.file("flipped/checkpoints/step_000004"),
+       "--prompt",
+       "Document",
+       "--max-new-tokens",
+       "2"},
+      t.env);
+  EXPECT_EQ(gen.exit_code, 2) << gen.out << gen.err;
+  EXPECT_NE(gen.err.find("model.safetensors is damaged"), std::string::npos)
+      << gen.err;
+  EXPECT_EQ(gen.err.find("re-download"), std::string::npos) << gen.err;
+
+  args[7] = "num_iterations=40";
+  auto again = test::run_orchard(args, t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(again.out.find("model.safetensors is damaged"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("damaged-step_000012"), std::string::npos)
+      << again.out;
+  EXPECT_TRUE(
+      fs::exists(t.dir.file("flipped/checkpoints/damaged-step_000012")));
+  EXPECT_NE(again.out.find("step_000008"), std::string::npos) << again.out;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  expect_identical(
+      t.final_weights("flipped"),
+      t.final_weights("reference"),
+      "resumed past a damaged checkpoint");
+}
+
+// A full disk while a checkpoint is written: a clear message and exit 1,
+// nothing half-written left, the checkpoint before intact and used by the
+// next run, which ends bit-exact.
+TEST(TrainResume, DiskFullWhileSavingLosesNothing) {
+  TinyRun t;
+  auto env = t.env;
+  env["ORCHARD_TEST_FAIL_WRITE"] = "optimizer.safetensors@3"; // step 12's
+  auto r = test::run_orchard(t.args("full"), env);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(
+      r.err.find("could not save the checkpoint of step 12"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("The checkpoint of step 8 is intact"), std::string::npos)
+      << r.err;
+  for (const auto& e : fs::directory_iterator(t.dir.file("full/checkpoints")))
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp-", 0), std::string::npos)
+        << "left behind: " << e.path();
+  auto kept = runs::list_checkpoints(t.dir.file("full"));
+  ASSERT_FALSE(kept.empty());
+  EXPECT_EQ(kept.back().first, 8);
+
+  auto again = test::run_orchard(t.args("full"), t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(again.out.find("step_000008"), std::string::npos) << again.out;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  expect_identical(
+      t.final_weights("full"), t.final_weights("reference"), "after disk full");
 }
 
 // sample_every prints samples while training; epochs sets the length;

@@ -180,6 +180,37 @@ TEST(TextPrep, BadInputNamesFileAndLine) {
   EXPECT_THROW(prepare_text(tok, opt), UserError);
 }
 
+TEST(TextPrep, ProseFilesSplitIntoParagraphsOrLines) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(
+      prose_documents("First para\nstill first.\n\n  \nSecond.\r\n\nThird"),
+      (V{"First para\nstill first.", "Second.\r", "Third"}));
+  // No blank line: one document per line.
+  EXPECT_EQ(prose_documents("one\ntwo\nthree\n"), (V{"one", "two", "three"}));
+  EXPECT_TRUE(prose_documents("\n \n\t\n").empty());
+  EXPECT_TRUE(is_prose_file("a/Book.TXT"));
+  EXPECT_TRUE(is_prose_file("notes.md"));
+  EXPECT_FALSE(is_prose_file("main.cpp"));
+
+  // A single book trains: its paragraphs are the documents.
+  TempDir dir;
+  auto tok = small_tokenizer();
+  std::string book;
+  for (int i = 0; i < 400; ++i)
+    book += "Paragraph " + std::to_string(i) + "\nwraps here.\n\n";
+  TextPrepOptions opt;
+  opt.inputs = {dir.write("book.txt", book)};
+  opt.out = dir.file("out");
+  auto st = prepare_text(tok, opt);
+  EXPECT_EQ(st.documents, 400u);
+  EXPECT_EQ(st.val_documents, 2u); // documents 0 and 200
+  // Source code stays one document a file.
+  opt.inputs = {dir.write("a.cpp", "int a;\n\nint b;\n")};
+  opt.out = dir.file("out2");
+  opt.val_fraction = 0;
+  EXPECT_EQ(prepare_text(tok, opt).documents, 1u);
+}
+
 TEST(TextPrep, TokenizerWithoutBosIsAnError) {
   text::Tokenizer tok({{"a", 0, 0}}, {}, text::kGpt4Pattern, "test");
   EXPECT_THROW(bos_id(tok), UserError);

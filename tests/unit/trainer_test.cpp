@@ -147,6 +147,38 @@ TEST(Trainer, NonFiniteGradientsSkipThenStopAsDiverged) {
   }
 }
 
+// A gradient that stays NaN/Inf stops the run as diverged in every
+// precision: float32, bfloat16 autocast, and float16's loss scaling (where
+// single overflows are skipped, but not a scale driven below 1).
+TEST(Trainer, NonFiniteGradientsStopTheRunInEveryPrecision) {
+  struct Case {
+    const char* name;
+    torch::ScalarType compute;
+    bool loss_scaling;
+  };
+  for (const Case& c :
+       {Case{"float32", torch::kFloat32, false},
+        Case{"bfloat16", torch::kBFloat16, false},
+        Case{"float16-scaled", torch::kFloat32, true}}) {
+    test::TempDir dir;
+    Regression r;
+    r.poison_at = 0;
+    r.poison_count = 1000;
+    auto o = options(dir, c.name);
+    o.total_steps = 40; // room for the scale to fall from 2^16 below 1
+    o.precision.compute = c.compute;
+    o.precision.loss_scaling = c.loss_scaling;
+    try {
+      train(r, o);
+      ADD_FAILURE() << c.name << ": a diverged run kept going";
+    } catch (const UserError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("training diverged"), std::string::npos)
+          << c.name << ": " << e.what();
+    }
+  }
+}
+
 TEST(Trainer, ResumesFromItsCheckpointAndSkipsAFinishedRun) {
   test::TempDir dir;
   Regression full, part;
