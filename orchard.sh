@@ -67,9 +67,16 @@ setup_debian() {
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   if [ ${#missing[@]} -gt 0 ]; then
-    say "Installing ${missing[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    # apt and dpkg print hundreds of lines; they go to a log, shown in full
+    # only when something fails.
+    local log="${TMPDIR:-/tmp}/orchard-setup.log"
+    say "Installing ${#missing[@]} package(s): ${missing[*]} (a few minutes; log: $log)"
+    if ! { $sudo apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+             --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      die "installing packages failed (the whole log: $log)"
+    fi
   else
     say "System packages: all installed"
   fi
@@ -119,7 +126,10 @@ cmd_setup() {
 
 # --- build ---------------------------------------------------------------------
 
+# The targets to build: all by default; only the `orchard` binary for the
+# quickstart, which runs no test or benchmark.
 cmd_build() {
+  local targets=("$@")
   local prefix="${ORCHARD_TORCH_PREFIX:-$(python_torch_prefix)}"
   if [ "$(uname -s)" = "Darwin" ] && [ -z "$prefix" ] && command -v brew >/dev/null; then
     prefix="$(brew --prefix pytorch 2>/dev/null || true)"
@@ -131,8 +141,13 @@ cmd_build() {
     cmake -S "$ROOT" -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
       ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"}
   fi
-  say "Building"
-  cmake --build "$BUILD_DIR" -j "$(jobs)"
+  if [ ${#targets[@]} -gt 0 ]; then
+    say "Building ${targets[*]} (the first build takes 10-20 minutes on 2 cores)"
+    cmake --build "$BUILD_DIR" -j "$(jobs)" --target "${targets[@]}"
+  else
+    say "Building"
+    cmake --build "$BUILD_DIR" -j "$(jobs)"
+  fi
 }
 
 cmd_test() {
@@ -144,13 +159,20 @@ cmd_test() {
 
 cmd_quickstart() {
   cmd_setup
-  cmd_build
+  cmd_build orchard
   say "Checking this machine (orchard doctor)"
   "$BUILD_DIR/orchard" doctor
   # The main job: WordNet corpus -> tokenizer -> shards -> base -> mid -> sft
   # -> report (`orchard pipeline` with the quick preset), then chat
   # exchanges about held-out words. Run again to resume or to see it done.
   say "From text to a chat model on WordNet (orchard pipeline --preset quick)"
+  cat <<EXPECT
+    What to expect: a model of about 7 million parameters trained for some
+    minutes on WordNet's glosses. Its answers about words take the right form
+    ("A word meaning ...") but are often wrong or garbled: it shows every
+    stage works on this machine, not what a large model can do. For a better
+    one, train longer: $BUILD_DIR/orchard pipeline --preset overnight
+EXPECT
   "$BUILD_DIR/orchard" pipeline --preset quick "$@"
 }
 

@@ -25,8 +25,25 @@ void on_sigint(int) {
   g_interrupted = 1;
 }
 
+// Ctrl-C while waiting for input ends the chat as Ctrl-D does (there is
+// nothing to save); during a reply it stops the reply.
+extern "C" void on_sigint_at_prompt(int) {
+  const char newline = '\n';
+  [[maybe_unused]] auto n = ::write(STDOUT_FILENO, &newline, 1);
+  ::_exit(0);
+}
+
+struct PromptSignals {
+  void (*previous)(int);
+  PromptSignals() : previous(std::signal(SIGINT, on_sigint_at_prompt)) {}
+  ~PromptSignals() {
+    std::signal(SIGINT, previous);
+  }
+};
+
 // One line of input; false at the end of input (Ctrl-D).
 bool read_line(const char* prompt, std::string& line) {
+  PromptSignals ctrl_c_ends_the_chat;
 #ifdef ORCHARD_WITH_LIBEDIT
   if (isatty(STDIN_FILENO)) {
     char* s = readline(prompt);
@@ -66,7 +83,10 @@ Command register_chat(CLI::App& root) {
       root.add_subcommand("chat", "Chat with a trained model in the terminal");
   add_model_flags(app, st->model);
   add_chat_template_flag(app, st->model);
-  app->add_option("-p,--prompt", st->prompt, "answer this once and exit");
+  CLI::Option* prompt_opt = app->add_option(
+      "-p,--prompt",
+      st->prompt,
+      "answer this once and exit (only the answer goes to stdout)");
   app->add_option("--system", st->system, "system message");
   app->add_option("--temperature", st->sampling.temperature, "0 = greedy")
       ->capture_default_str();
@@ -82,9 +102,17 @@ Command register_chat(CLI::App& root) {
   app->add_option("--seed", st->sampling.seed, "random seed")
       ->capture_default_str();
   add_device_flags(app, st->device, /*allow_assume=*/false);
-  return {app, [st] {
+  return {app, [st, prompt_opt] {
             if (auto p = infer::sampling_problem(st->sampling); !p.empty())
               throw UserError(p);
+            const bool one_shot = prompt_opt->count() > 0;
+            if (one_shot &&
+                st->prompt.find_first_not_of(" \t\r\n") == std::string::npos)
+              throw UserError(
+                  "-p/--prompt is empty; give the question to answer, or "
+                  "leave -p out to chat interactively.");
+            if (one_shot)
+              status_to_stderr(); // the answer alone on stdout
             MachineFacts m = machine_for(st->device);
             DeviceInfo d = select_device(st->device, m);
             runs::LoadedModel loaded = open_model(st->model, d);
@@ -123,7 +151,7 @@ Command register_chat(CLI::App& root) {
               messages.push_back({"assistant", reply});
               return true;
             };
-            if (!st->prompt.empty())
+            if (one_shot)
               return answer(st->prompt) ? 0 : 1;
             std::printf("%s", kHelp);
             std::string line;

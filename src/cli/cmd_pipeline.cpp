@@ -3,6 +3,7 @@
 #include "cli/common.h"
 #include "stages/gpt_stages.h"
 #include "stages/pipeline.h"
+#include "train/trainer.h"
 
 #include <cstdio>
 #include <memory>
@@ -30,7 +31,8 @@ Command register_pipeline(CLI::App& root) {
             std::fflush(stdout);
             MachineFacts m = machine_for(st->device);
             DeviceInfo d = select_device(st->device, m, /*trains=*/true);
-            stages::run_pipeline(p, d);
+            if (!stages::run_pipeline(p, d))
+              return 128 + train::last_stop_signal(); // saved; resumable
             return 0;
           }};
 }

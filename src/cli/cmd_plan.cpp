@@ -34,6 +34,8 @@ Command register_plan(CLI::App& root) {
       "run a training step at the chosen size and the next one up and print "
       "the measured peak beside the prediction");
   return {app, [st] {
+            if (st->json)
+              status_to_stderr(); // JSON alone on stdout
             auto settings = stages::configure(sources_of(st->config));
             MachineFacts m = machine_for(st->device);
             DeviceInfo d = select_device(st->device, m);

@@ -2,6 +2,7 @@
 // WordNet), mid, sft, or lora/full of a Hugging Face model folder.
 #include "cli/common.h"
 #include "stages/stage.h"
+#include "train/trainer.h"
 
 #include <cstdio>
 #include <memory>
@@ -32,6 +33,8 @@ Command register_train(CLI::App& root) {
             const stages::Stage& stage = *settings->stage;
             const stages::Report report = stage.train(*settings, d);
             std::printf("%s", stage.next_steps(*settings, report).c_str());
+            if (report.result.interrupted)
+              return 128 + train::last_stop_signal(); // saved; resumable
             return 0;
           }};
 }

@@ -47,15 +47,27 @@ MachineFacts machine_for(const DeviceFlags& flags) {
   return m;
 }
 
+namespace {
+std::FILE* g_status = nullptr; // nullptr: stdout
+} // namespace
+
+void status_to_stderr() {
+  g_status = stderr;
+}
+
+std::FILE* status_stream() {
+  return g_status ? g_status : stdout;
+}
+
 DeviceInfo select_device(
     const DeviceFlags& flags,
     const MachineFacts& machine,
     bool trains,
     const EnvLookup& env) {
   DeviceInfo d = resolve_device(flags.device, machine);
-  std::printf("%s\n", using_device_line(d).c_str());
+  std::fprintf(status_stream(), "%s\n", using_device_line(d).c_str());
   for (const auto& note : platform_notes(machine))
-    std::printf("%s\n", note.c_str());
+    std::fprintf(status_stream(), "%s\n", note.c_str());
   if (auto ws = env("WORLD_SIZE")) {
     char* end = nullptr;
     long n = std::strtol(ws->c_str(), &end, 10);
@@ -132,7 +144,7 @@ void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
 
 runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& d) {
   runs::LoadedModel loaded = runs::load_model(flags, d);
-  std::printf("Model: %s\n", loaded.description.c_str());
+  std::fprintf(status_stream(), "Model: %s\n", loaded.description.c_str());
   return loaded;
 }
 

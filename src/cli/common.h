@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -28,6 +29,12 @@ void add_device_flags(CLI::App* app, DeviceFlags& flags, bool allow_assume);
 // The machine to plan for: simulated when --assume-device is given,
 // otherwise detected (with --memory-gb overriding the detected memory).
 MachineFacts machine_for(const DeviceFlags& flags);
+
+// Where a command's human lines (Using device, Model) go: stdout, or
+// stderr once a command's stdout carries only machine-readable output
+// (plan --json) or only the answer (chat -p).
+void status_to_stderr();
+std::FILE* status_stream();
 
 // Resolves --device, prints `Using device: ...` and the platform notes.
 // WORLD_SIZE must be a count; a command that trains (`trains`) refuses more

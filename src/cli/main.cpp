@@ -13,6 +13,7 @@
 int main(int argc, char** argv) {
   using namespace orchard;
   fix_host_allocator();
+  set_program_name(argc > 0 ? argv[0] : nullptr);
   CLI::App app{
       "Orchard trains and fine-tunes language models on the machine you have "
       "(CUDA, Apple Silicon, or CPU)."};

@@ -30,4 +30,21 @@ std::string build_type() {
   return ORCHARD_BUILD_TYPE;
 }
 
+namespace {
+std::string& program_name_storage() {
+  static std::string name = "orchard";
+  return name;
+}
+} // namespace
+
+const std::string& program_name() {
+  return program_name_storage();
+}
+
+void set_program_name(const char* argv0) {
+  const std::string s = argv0 ? argv0 : "";
+  // A name without a slash was found on PATH.
+  program_name_storage() = s.find('/') == std::string::npos ? "orchard" : s;
+}
+
 } // namespace orchard

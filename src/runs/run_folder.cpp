@@ -3,7 +3,10 @@
 #include "core/error.h"
 #include "runs/checkpoint.h"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 
 namespace orchard::runs {
 namespace fs = std::filesystem;
@@ -73,6 +76,45 @@ std::string folder_name(const std::string& path) {
   const fs::path p = fs::path(path).lexically_normal();
   return p.filename().empty() ? p.parent_path().filename().string()
                               : p.filename().string();
+}
+
+std::string trained_from(const std::string& run_dir) {
+  auto ckpts = list_checkpoints(run_dir);
+  if (ckpts.empty())
+    return "";
+  std::ifstream in(ckpts.back().second + "/state.json");
+  auto state = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!state.is_object() || !state.contains("init") ||
+      !state["init"].is_string())
+    return "";
+  return state["init"].get<std::string>();
+}
+
+bool same_folder(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  auto ca = fs::weakly_canonical(a, ea), cb = fs::weakly_canonical(b, eb);
+  if (ea || eb)
+    return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();
+  return ca == cb;
+}
+
+std::string set_aside(const std::string& run_dir) {
+  std::string base = fs::path(run_dir).lexically_normal().string();
+  while (!base.empty() && base.back() == '/')
+    base.pop_back();
+  for (int n = 1;; ++n) {
+    std::string to = base + ".old-" + std::to_string(n);
+    if (!fs::exists(to)) {
+      std::error_code ec;
+      fs::rename(base, to, ec);
+      if (ec)
+        throw UserError(
+            "cannot move the stale run " + base + " aside to " + to + " (" +
+                ec.message() + "); move or delete it by hand.",
+            kExitFailure);
+      return to;
+    }
+  }
 }
 
 } // namespace orchard::runs

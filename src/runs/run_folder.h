@@ -24,6 +24,22 @@ std::string stage_run_dir(const std::string& stage, const std::string& name);
 // which runs exist (or how to make one) when there is none.
 std::string find_stage_run(const std::string& stage, const std::string& name);
 
+// A stage that starts from another model records it ("init" in its
+// checkpoints' state.json). When that model has been trained further since,
+// the run is stale: it must be trained again, never continued or reported
+// as done.
+//
+// The checkpoint folder the run's newest checkpoint was trained from; ""
+// when the run has no checkpoint or records none.
+std::string trained_from(const std::string& run_dir);
+
+// Whether two paths name the same folder (relative or absolute).
+bool same_folder(const std::string& a, const std::string& b);
+
+// Moves a run folder aside to the first free "<run_dir>.old-N" and returns
+// that name: a stale run is kept, never deleted.
+std::string set_aside(const std::string& run_dir);
+
 // A folder's own name ("Llama-3.2-3B" for "models/Llama-3.2-3B/").
 std::string folder_name(const std::string& path);
 

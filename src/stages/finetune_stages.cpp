@@ -2,6 +2,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "runs/load.h"
 #include "stages/samples.h"
 #include "train/finetune.h"
@@ -25,6 +26,23 @@ class FinetuneStage : public Stage {
     return s;
   }
 
+  // max_seq_length left at its default is the smaller of that and the
+  // model's positions; a value the user set is kept (and refused later when
+  // too long).
+  void complete(Settings& settings) const override {
+    auto& cfg = static_cast<SettingsOf<train::FinetuneConfig>&>(settings).cfg;
+    if (settings.origins.count("max_seq_length") || cfg.model.empty())
+      return;
+    try {
+      const int64_t positions =
+          models::read_hf_config(cfg.model).max_position_embeddings;
+      if (positions > 0 && positions < cfg.max_seq_length)
+        cfg.max_seq_length = positions;
+    } catch (const UserError&) {
+      // A missing or bad model folder is reported by train and plan.
+    }
+  }
+
   Report train(
       const Settings& settings,
       const DeviceInfo& device,
@@ -32,23 +50,16 @@ class FinetuneStage : public Stage {
     const train::FinetuneConfig& cfg = section<train::FinetuneConfig>(settings);
     Report report;
     report.result = train::run_finetune(cfg, settings.origins, device);
-    const train::TrainResult& r = report.result;
-    if (r.interrupted)
-      return report;
     // Answers to held-out questions from the result, and the run report.
-    runs::LoadedModel loaded = runs::load_model(source(cfg, r), device);
-    report.samples = draw_samples(
-        loaded, {{}, r.chat_val}, final_samples, cfg.seed, &report.sample_note);
-    report.sample_note =
-        "answers to held-out questions (the model never trained on these "
-        "records)";
-    if (!r.already_done) {
-      std::printf("\nSamples: %s\n", report.sample_note.c_str());
-      print_samples(report.samples);
-    }
-    train::write_stage_report(device, report);
-    std::printf("Report: %s/report.md\n", r.run_dir.c_str());
-    return report;
+    return finish_stage(std::move(report), device, [&](Report& rep) {
+      const train::TrainResult& r = rep.result;
+      runs::LoadedModel loaded = runs::load_model(source(cfg, r), device);
+      rep.samples =
+          draw_samples(loaded, {{}, r.chat_val}, final_samples, cfg.seed);
+      rep.sample_note =
+          "answers to held-out questions (the model never trained on these "
+          "records)";
+    });
   }
 
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
@@ -119,12 +130,13 @@ class FinetuneStage : public Stage {
     const std::string template_flag = cfg.chat_template == "auto"
         ? ""
         : " --chat-template " + cfg.chat_template;
+    const std::string& orchard = program_name();
     if (cfg.stage == "lora")
-      return "\nChat with it: orchard chat --model " + cfg.model +
+      return "\nChat with it: " + orchard + " chat --model " + cfg.model +
           " --adapter " + r.output_dir + template_flag +
-          "\nMerge it:     orchard lora merge --model " + cfg.model +
+          "\nMerge it:     " + orchard + " lora merge --model " + cfg.model +
           " --adapter " + r.output_dir + " --out merged-model\n";
-    return "\nChat with it: orchard chat --model " + r.output_dir +
+    return "\nChat with it: " + orchard + " chat --model " + r.output_dir +
         template_flag + "\n";
   }
 

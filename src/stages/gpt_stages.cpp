@@ -1,6 +1,7 @@
 #include "stages/gpt_stages.h"
 
 #include "core/dtype.h"
+#include "core/version.h"
 #include "runs/load.h"
 #include "stages/plan.h"
 #include "stages/samples.h"
@@ -46,25 +47,17 @@ class GptStage : public Stage {
     };
     Report report;
     report.result = train::run_training(cfg, settings.origins, device, hook);
-    const train::TrainResult& r = report.result;
-    if (r.interrupted)
-      return report;
-    runs::LoadedModel model =
-        runs::load_model(runs::ModelSource{.checkpoint = r.run_dir}, device);
-    report.samples = draw_samples(
-        model,
-        {r.val_shards, r.chat_val},
-        final_samples,
-        cfg.seed,
-        &report.sample_note);
-    if (!r.already_done) {
-      std::printf("\nSamples: %s\n", report.sample_note.c_str());
-      print_samples(report.samples);
-    }
-    train::write_stage_report(device, report);
-    if (!r.already_done)
-      std::printf("Report: %s/report.md\n", r.run_dir.c_str());
-    return report;
+    return finish_stage(std::move(report), device, [&](Report& rep) {
+      const train::TrainResult& r = rep.result;
+      runs::LoadedModel model =
+          runs::load_model(runs::ModelSource{.checkpoint = r.run_dir}, device);
+      rep.samples = draw_samples(
+          model,
+          {r.val_shards, r.chat_val},
+          final_samples,
+          cfg.seed,
+          &rep.sample_note);
+    });
   }
 
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
@@ -125,13 +118,15 @@ class GptStage : public Stage {
     // The same run as `-i STAGE` finds when it is the newest.
     const std::string which = "--checkpoint " + r.run_dir;
     const std::string run = cfg.run.empty() ? "" : " run=" + cfg.run;
+    const std::string& orchard = program_name();
     if (name() == "base")
-      return "\nGenerate more: orchard generate " + which +
-          " --prompt \"...\"\nNext stage: orchard train stage=mid" + run + "\n";
+      return "\nGenerate more: " + orchard + " generate " + which +
+          " --prompt \"...\"\nNext stage: " + orchard + " train stage=mid" +
+          run + "\n";
     if (name() == "mid")
-      return "\nNext stage: orchard train stage=sft" + run + "\n";
-    return "\nChat with it: orchard chat " + which + " (or orchard serve " +
-        which + ")\n";
+      return "\nNext stage: " + orchard + " train stage=sft" + run + "\n";
+    return "\nChat with it: " + orchard + " chat " + which + " (or " + orchard +
+        " serve " + which + ")\n";
   }
 };
 

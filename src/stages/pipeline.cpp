@@ -1,6 +1,7 @@
 #include "stages/pipeline.h"
 
 #include "core/error.h"
+#include "core/version.h"
 #include "runs/checkpoint.h"
 #include "runs/run_folder.h"
 #include "stages/gpt_stages.h"
@@ -97,6 +98,27 @@ Pipeline plan_pipeline(const config::Sources& sources) {
     ps.run_dir = runs::stage_run_dir(c.stage, p.name);
     StageStatus st =
         status_of(ps.run_dir, fixed_length ? *c.num_iterations : 0);
+    // A stage whose parent trains in this command, or was trained further
+    // since, is stale: it trains again (its old run is kept aside).
+    if (!p.stages.empty() && st.step > 0) {
+      const PipelineStage& parent = p.stages.back();
+      const std::string parent_name = parent.settings->stage->name();
+      const auto parent_ckpts = runs::list_checkpoints(parent.run_dir);
+      const std::string was = runs::trained_from(ps.run_dir);
+      if (!parent.done) {
+        st.done = false;
+        st.text = "trains again after " + parent_name +
+            " (it was trained "
+            "from " +
+            parent_name + "'s older checkpoint)";
+      } else if (
+          !parent_ckpts.empty() && !was.empty() &&
+          !runs::same_folder(was, parent_ckpts.back().second)) {
+        st.done = false;
+        st.text = "trained from " + was + ", not " + parent_name +
+            "'s newest checkpoint: trains again";
+      }
+    }
     ps.done = st.done;
     ps.status = st.text;
     ps.settings = std::move(s);
@@ -161,15 +183,19 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
         s.output.c_str(),
         s.reference.c_str());
   const std::string run_flag = p.custom_run.empty() ? "" : " --run " + p.name;
+  const char* orchard = program_name().c_str();
   std::printf(
       "\nContinue:\n"
-      "  orchard chat -i sft%s              chat in the terminal\n"
-      "  orchard serve -i sft%s             web chat on "
+      "  %s chat -i sft%s                  chat in the terminal\n"
+      "  %s serve -i sft%s                 web chat on "
       "http://127.0.0.1:8000 and an OpenAI-compatible API\n"
-      "  orchard pipeline mid_iterations=N  train further (done stages "
-      "are skipped)\n",
+      "  %s pipeline mid_iterations=N      train further (the stages "
+      "after retrain)\n",
+      orchard,
       run_flag.c_str(),
-      run_flag.c_str());
+      orchard,
+      run_flag.c_str(),
+      orchard);
   return true;
 }
 

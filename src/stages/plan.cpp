@@ -6,6 +6,10 @@
 #include <cstdio>
 
 namespace orchard::stages {
+namespace {
+// Below this, a prediction is within the planner's usual error.
+constexpr double kUnderPredictionWarnPercent = 10.0;
+} // namespace
 
 nlohmann::json run_probes(const Plan& plan, bool json) {
   nlohmann::json out = nlohmann::json::array();
@@ -28,6 +32,19 @@ nlohmann::json run_probes(const Plan& plan, bool json) {
             train::format_mb(measured).c_str(),
             train::format_mb(predicted).c_str(),
             error);
+      // An under-prediction is the dangerous side: the automatic batch is
+      // chosen by the prediction.
+      if (error < -kUnderPredictionWarnPercent) {
+        const std::string warning = "the plan predicted " +
+            std::to_string(int(-error + 0.5)) +
+            " % less memory than this step used, so the automatic "
+            "device_batch_size may not fit; set device_batch_size to a "
+            "size the probe measured below your memory.";
+        if (json)
+          out.back()["warning"] = warning;
+        else
+          std::printf("  Warning: %s\n", warning.c_str());
+      }
     } catch (const c10::Error& e) {
       if (!is_out_of_memory(e))
         throw;

@@ -46,6 +46,7 @@ std::unique_ptr<Settings> Stage::configure(
   std::unique_ptr<Settings> s = defaults();
   s->origins = config::resolve(schema(), s->fields(), sources);
   s->stage = this;
+  complete(*s);
   return s;
 }
 

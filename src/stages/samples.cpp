@@ -4,6 +4,7 @@
 #include "infer/engine.h"
 
 #include <cstdio>
+#include <filesystem>
 
 namespace orchard::stages {
 namespace {
@@ -69,6 +70,32 @@ void print_samples(const std::vector<train::Sample>& samples) {
     }
   }
   std::fflush(stdout);
+}
+
+train::StageReport finish_stage(
+    train::StageReport report,
+    const DeviceInfo& device,
+    const std::function<void(train::StageReport&)>& draw) {
+  const train::TrainResult& r = report.result;
+  if (r.interrupted)
+    return report;
+  if (r.already_done) {
+    if (auto saved = train::saved_stage_result(r.run_dir, r.step)) {
+      saved->result.already_done = true;
+      return *saved;
+    }
+  }
+  draw(report);
+  const bool has_report = std::filesystem::exists(r.run_dir + "/report.md");
+  if (r.already_done && has_report)
+    return report; // from before result.json: keep its full report
+  std::printf("\nSamples: %s\n", report.sample_note.c_str());
+  print_samples(report.samples);
+  train::write_stage_report(device, report);
+  if (!r.already_done)
+    train::save_stage_result(report);
+  std::printf("Report: %s/report.md\n", r.run_dir.c_str());
+  return report;
 }
 
 } // namespace orchard::stages

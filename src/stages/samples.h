@@ -8,6 +8,7 @@
 #include "train/report.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,15 @@ std::vector<train::Sample> draw_samples(
     int count,
     int64_t seed,
     std::string* note = nullptr);
+
+// The end of a stage's train(). A run that was complete before this
+// command gives back its saved result and samples (report.md stays as it
+// was written). Otherwise `draw` fills the samples, they are printed, and
+// report.md and result.json are written.
+train::StageReport finish_stage(
+    train::StageReport report,
+    const DeviceInfo& device,
+    const std::function<void(train::StageReport&)>& draw);
 
 // Prints samples as "Q: / A: / (reference: ...)" or "[prompt]continuation".
 void print_samples(const std::vector<train::Sample>& samples);

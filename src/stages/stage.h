@@ -87,6 +87,9 @@ class Stage {
   // (UserError for an unknown key or a bad value).
   virtual std::unique_ptr<Settings> defaults() const = 0;
   std::unique_ptr<Settings> configure(const config::Sources& sources) const;
+  // Fills defaults that depend on more than the sources (a model's own
+  // limits), after they were applied; configure() calls it.
+  virtual void complete(Settings& settings) const {}
 
   // Trains (resuming from the run's checkpoints), draws `final_samples`
   // samples from the result and writes the run's report.md.

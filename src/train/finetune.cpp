@@ -466,6 +466,11 @@ TrainResult run_finetune(
       !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
+  if (!origins.count("max_seq_length") && T != FinetuneConfig{}.max_seq_length)
+    log("Sequences: max_seq_length=" + std::to_string(T) +
+        ", the model's max_position_embeddings (the default " +
+        std::to_string(FinetuneConfig{}.max_seq_length) +
+        " is longer than it reads).");
   FinetuneConfig written = cfg;
   config::write_yaml(
       result.run_dir + "/config.yaml", finetune_schema(), &written, origins);
@@ -487,6 +492,19 @@ TrainResult run_finetune(
 
   // Batch: as given, or the largest of 1, 2, 4, 8, 16 the estimate fits.
   const FinetunePlan plan = plan_finetune(mc, cfg, dtype, device);
+  if (cfg.device_batch_size) {
+    std::optional<int64_t> largest;
+    for (const auto& r : plan.rows)
+      if (r.fits && finetune_rows_per_step(cfg) % r.batch == 0)
+        largest = r.batch;
+    refuse_beyond_memory(
+        device,
+        "device_batch_size",
+        plan.choice.batch,
+        plan.choice.memory.total(),
+        memory_budget(device, cfg.memory_fraction),
+        largest);
+  }
   const int64_t B = plan.choice.batch;
   const FinetuneMemory est = plan.choice.memory;
   const std::string batch_why = cfg.device_batch_size

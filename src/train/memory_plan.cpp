@@ -1,5 +1,6 @@
 #include "train/memory_plan.h"
 
+#include "core/error.h"
 #include "core/machine.h"
 
 #include <algorithm>
@@ -126,6 +127,38 @@ MemoryBudget memory_budget(const DeviceInfo& d, double fraction) {
   b.why =
       std::string(pct) + " of " + b.why + " (" + format_bytes(b.usable) + ")";
   return b;
+}
+
+bool killed_when_out_of_memory(const DeviceInfo& device) {
+  return device.kind == "cpu" || device.kind == "mps";
+}
+
+void refuse_beyond_memory(
+    const DeviceInfo& device,
+    const std::string& key,
+    int64_t batch,
+    double predicted_bytes,
+    const MemoryBudget& budget,
+    std::optional<int64_t> largest_that_fits) {
+  if (!killed_when_out_of_memory(device) ||
+      predicted_bytes <= double(budget.usable))
+    return;
+  throw UserError(
+      key + "=" + std::to_string(batch) + " needs about " +
+      format_mb(predicted_bytes) +
+      " at its peak by the memory plan, more "
+      "than the " +
+      format_mb(double(budget.usable)) + " this machine has (" + budget.why +
+      "). On " + (device.kind == "mps" ? "a Mac" : "the CPU") +
+      " the system kills a process that runs out of memory, so training "
+      "would die without a message or a checkpoint. " +
+      (largest_that_fits
+           ? "The largest size that fits is " + key + "=" +
+               std::to_string(*largest_that_fits) + "; or leave " + key +
+               " out to have it chosen."
+           : "Even one row does not fit: lower the sequence length or the "
+             "model size.") +
+      " (`orchard plan` shows the whole table.)");
 }
 
 BatchPlan plan_batch(

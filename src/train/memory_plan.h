@@ -123,6 +123,20 @@ BatchPlan plan_batch(
     const MemoryBudget& budget,
     std::optional<bool> checkpointing = std::nullopt);
 
+// On the CPU and on a Mac (unified memory) the system kills a process that
+// runs out of memory instead of failing its allocation, so the
+// halve-and-redo path never runs and the step is lost with no message. A
+// micro-batch set by hand (`key`=N) whose predicted peak is beyond the
+// memory there is refused with the largest size that fits.
+bool killed_when_out_of_memory(const DeviceInfo& device);
+void refuse_beyond_memory(
+    const DeviceInfo& device,
+    const std::string& key,
+    int64_t batch,
+    double predicted_bytes,
+    const MemoryBudget& budget,
+    std::optional<int64_t> largest_that_fits);
+
 std::string format_mb(double bytes); // "1,234 MB"
 
 // The plan as the table `orchard plan` prints, and as JSON (--json).

@@ -352,6 +352,19 @@ TrainResult run_training(
   BatchPlan plan = plan_for(cfg, mc, precision, device);
   if (!plan.choice)
     throw UserError(plan.why + " (`orchard plan` shows the whole table.)");
+  if (cfg.device_batch_size) {
+    std::optional<int64_t> largest;
+    for (const auto& c : plan.candidates)
+      if (c.checkpointing == plan.choice->checkpointing && c.fits)
+        largest = c.batch;
+    refuse_beyond_memory(
+        device,
+        "device_batch_size",
+        plan.choice->batch,
+        plan.choice->estimate.total(),
+        plan.budget,
+        largest);
+  }
   const int64_t B = plan.choice->batch;
   mc.gradient_checkpointing = plan.choice->checkpointing;
   const std::string plan_line =
@@ -364,6 +377,20 @@ TrainResult run_training(
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir
       : runs::stage_run_dir(cfg.stage, cfg.run.empty() ? mc.tag() : cfg.run);
+  // A run trained from an older version of its starting model is stale:
+  // continuing it would mix two parents. It is kept aside and trained anew.
+  if (init && cfg.resume == "auto") {
+    const std::string was = runs::trained_from(result.run_dir);
+    if (!was.empty() && !runs::same_folder(was, result.init_dir)) {
+      const std::string kept = runs::set_aside(result.run_dir);
+      say_early(
+          result.run_dir + " was trained from " + was +
+          ", but its starting "
+          "model is now " +
+          result.init_dir + ": training " + cfg.stage +
+          " again from it (the old run is kept in " + kept + ").");
+    }
+  }
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
 

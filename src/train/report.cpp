@@ -311,6 +311,63 @@ std::string system_section(const DeviceInfo& device) {
   return md;
 }
 
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(
+    TrainResult,
+    stage,
+    run_dir,
+    tokenizer_dir,
+    step,
+    total,
+    val_loss,
+    val_bpb,
+    unigram_loss,
+    train_split_loss,
+    val_split_loss,
+    train_seconds,
+    peak_memory_bytes,
+    checkpoint_dir,
+    init_dir,
+    data_description,
+    val_shards,
+    chat_val,
+    output_dir,
+    micro_batch,
+    trainable_parameters,
+    parameters)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, prompt, output, reference)
+
+void save_stage_result(const StageReport& st) {
+  nlohmann::json j = {
+      {"result", st.result},
+      {"samples", st.samples},
+      {"sample_note", st.sample_note}};
+  // Samples from a barely trained model can hold bytes that are not UTF-8.
+  atomic_write(
+      st.result.run_dir + "/result.json",
+      j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+std::optional<StageReport> saved_stage_result(
+    const std::string& run_dir,
+    int64_t step) {
+  std::ifstream in(run_dir + "/result.json");
+  if (!in)
+    return std::nullopt;
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  try {
+    StageReport st;
+    st.result = j.at("result").get<TrainResult>();
+    st.samples = j.at("samples").get<std::vector<Sample>>();
+    st.sample_note = j.at("sample_note").get<std::string>();
+    if (st.result.step != step)
+      return std::nullopt;
+    st.result.run_dir = run_dir;
+    return st;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt; // damaged: the caller reports afresh
+  }
+}
+
 void write_stage_report(const DeviceInfo& device, const StageReport& st) {
   const TrainResult& r = st.result;
   std::string svg = write_svg(st);

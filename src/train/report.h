@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "train/pretrain.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,18 @@ std::vector<MetricPoint> smooth(
 
 // The system lines of a report.
 std::string system_section(const DeviceInfo& device);
+
+// <run_dir>/result.json: a finished stage's result and samples, so a
+// rerun of a complete run (or a pipeline passing over a done stage) reports
+// the same numbers instead of empty ones.
+void save_stage_result(const StageReport& stage);
+
+// The saved result of the run's checkpoint at `step`; nullopt when there
+// is none (a run from before result.json existed), it is unreadable, or it
+// is of another step.
+std::optional<StageReport> saved_stage_result(
+    const std::string& run_dir,
+    int64_t step);
 
 // Writes <run_dir>/loss.svg and <run_dir>/report.md for one stage.
 void write_stage_report(const DeviceInfo& device, const StageReport& stage);

@@ -152,6 +152,20 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
   EXPECT_TRUE(contains(r.out, "done at step 4")) << r.out;
   EXPECT_TRUE(contains(r.out, "The pipeline was already complete")) << r.out;
   EXPECT_FALSE(contains(r.out, "step 1/")) << r.out;
+  // The rerun kept every report whole: the same results as the first run
+  // wrote (bits per byte, final losses, the checkpoint), and the same
+  // answers in the combined report.
+  for (const char* stage : {"base", "mid", "sft"}) {
+    std::string md =
+        read_file(t.path(std::string("runs/") + stage + "/d1/report.md"));
+    EXPECT_TRUE(contains(md, "/checkpoints/step_")) << stage << md;
+  }
+  auto base_md = read_file(t.path("runs/base/d1/report.md"));
+  EXPECT_TRUE(contains(base_md, "Final loss, train / val split")) << base_md;
+  EXPECT_TRUE(contains(base_md, "Unigram baseline")) << base_md;
+  auto combined_again = read_file(t.path("runs/report-d1.md"));
+  EXPECT_TRUE(contains(combined_again, "**Q:**")) << combined_again;
+  EXPECT_TRUE(contains(combined_again, "Unigram baseline")) << combined_again;
 
   // More sft steps asked for (the environment alias): only sft trains on.
   auto env = t.env;
@@ -164,6 +178,28 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
   EXPECT_TRUE(contains(r.out, "6 asked for")) << r.out;
   EXPECT_EQ(runs::list_checkpoints(t.path("runs/sft/d1")).back().first, 6);
   EXPECT_EQ(runs::list_checkpoints(t.path("runs/mid/d1")).back().first, 4);
+
+  // "Train further" reaches the chat model: mid trains on to 5, so the sft
+  // trained from mid's step 4 is stale, set aside and trained again.
+  r = run_orchard(
+      t.args(
+          "pipeline",
+          {"num_iterations=6", "mid_iterations=5", "sft_iterations=6"}),
+      t.env,
+      t.work());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "trains again after mid")) << r.out;
+  EXPECT_TRUE(contains(r.out, "the old run is kept in runs/sft/d1.old-1"))
+      << r.out;
+  EXPECT_TRUE(contains(
+      t.final_state("runs/sft/d1")["init"].get<std::string>(),
+      "runs/mid/d1/checkpoints/step_000005"));
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/sft/d1")).back().first, 6);
+  EXPECT_EQ(
+      runs::list_checkpoints(t.path("runs/sft/d1.old-1")).back().first, 6);
+  EXPECT_TRUE(contains(
+      read_file(t.path("runs/sft/d1/report.md")),
+      "runs/mid/d1/checkpoints/step_000005"));
 
   // -i names a stage's model everywhere a checkpoint is expected.
   r = run_orchard(
@@ -189,7 +225,14 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
       t.env,
       t.work());
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "runs/sft/d1/checkpoints/step_000006")) << r.out;
+  // -p: the answer alone on stdout, what was loaded on stderr.
+  EXPECT_TRUE(contains(r.err, "runs/sft/d1/checkpoints/step_000006")) << r.err;
+  EXPECT_FALSE(contains(r.out, "Using device")) << r.out;
+  EXPECT_FALSE(contains(r.out, "Model:")) << r.out;
+  EXPECT_FALSE(r.out.empty());
+  r = run_orchard({"chat", "-i", "sft", "-p", ""}, t.env, t.work());
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "-p/--prompt is empty")) << r.err;
   // The REPL from a pipe: two turns, /clear, /system, an unknown command.
   r = run_orchard(
       {"chat", "--checkpoint", "runs/sft/d1", "--max-new-tokens", "4"},
