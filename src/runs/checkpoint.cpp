@@ -31,21 +31,31 @@ void verify_files(const fs::path& dir, const nlohmann::json& state) {
   if (!state.contains("files") || !state["files"].is_object())
     return;
   for (const auto& [name, want] : state["files"].items()) {
+    if (std::find(
+            std::begin(kCheckpointFiles), std::end(kCheckpointFiles), name) ==
+        std::end(kCheckpointFiles))
+      continue; // only the checkpoint's own files, never a path elsewhere
     const fs::path file = dir / name;
     if (!fs::exists(file))
       throw UserError(
           "checkpoint '" + dir.string() + "': " + name + " is missing.");
     FileChecksum got = checksum_file(file.string());
-    const bool same = want.is_object() &&
-        want.value("bytes", uint64_t(0)) == got.bytes &&
-        want.value("crc32c", std::string()) == crc_hex(got.crc32c);
-    if (!same)
+    const uint64_t bytes =
+        want.is_object() ? want.value("bytes", uint64_t(0)) : 0;
+    const std::string crc =
+        want.is_object() ? want.value("crc32c", std::string()) : "";
+    const std::string where = "checkpoint '" + dir.string() + "': " + name;
+    if (got.bytes != bytes)
       throw UserError(
-          "checkpoint '" + dir.string() + "': " + name +
-          " is damaged (its size or checksum is not the one saved with "
-          "it: " +
-          std::to_string(got.bytes) + " bytes, CRC-32C " + crc_hex(got.crc32c) +
-          "; saved " + want.dump() + ").");
+          where + " is damaged: " +
+          (got.bytes < bytes ? "truncated, " : "longer than saved, ") +
+          std::to_string(got.bytes) + " bytes of the " + std::to_string(bytes) +
+          " saved.");
+    if (crc_hex(got.crc32c) != crc)
+      throw UserError(
+          where +
+          " is damaged: its bytes changed since it was saved (CRC-32C " +
+          crc_hex(got.crc32c) + ", saved " + crc + ").");
   }
 }
 

@@ -64,7 +64,7 @@ struct Channel {
   std::deque<std::string> pieces;
   bool done = false;
   std::string reason;
-  int64_t tokens = 0;
+  std::atomic<int64_t> tokens{0}; // counted by the worker, read by HTTP
   void push(std::string s) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -309,41 +309,86 @@ struct Server::Impl {
     return ch;
   }
 
-  // The whole reply (non-streamed requests).
-  static std::string collect(Channel& ch) {
-    std::unique_lock<std::mutex> lock(ch.mu);
-    ch.cv.wait(lock, [&] { return ch.done; });
+  // The whole reply (non-streamed requests), as JSON; nullopt when
+  // generation failed (the error, in ch.reason).
+  static std::string whole_text(Channel& ch) {
     std::string all;
     for (auto& p : ch.pieces)
       all += p;
     return all;
   }
 
-  // A non-streamed reply: the whole text in `envelope` with its choices and
-  // usage, or 500 when generation failed.
-  void reply_whole(
-      httplib::Response& res,
+  static json whole_reply(
       Channel& ch,
       json envelope,
       const std::function<json(const std::string&, const std::string&)>&
           choices,
       int64_t prompt_tokens) {
-    std::string text = collect(ch);
-    if (ch.reason.rfind("error: ", 0) == 0) {
-      res.status = 500;
-      res.set_content(
-          error_body(ch.reason.substr(7), "", "server_error"),
-          "application/json");
-      return;
-    }
     envelope["choices"] =
-        choices(text, ch.reason == "length" ? "length" : "stop");
+        choices(whole_text(ch), ch.reason == "length" ? "length" : "stop");
     envelope["usage"] = {
         {"prompt_tokens", prompt_tokens},
-        {"completion_tokens", ch.tokens},
-        {"total_tokens", prompt_tokens + ch.tokens}};
-    res.set_content(
-        envelope.dump(-1, ' ', false, kReplace), "application/json");
+        {"completion_tokens", ch.tokens.load()},
+        {"total_tokens", prompt_tokens + ch.tokens.load()}};
+    return envelope;
+  }
+
+  // A non-streamed reply. The handler waits for the first token (or the
+  // end), so a failure to start (the prompt's prefill) is still a 500.
+  // Then the body is sent as it is chunked: a space (insignificant in JSON)
+  // every quarter second until the reply is whole, so a client that hung up
+  // is noticed by the failed write and its request leaves the batch, as a
+  // streamed one does. A failure after the first token is an error body.
+  void reply_whole(
+      httplib::Response& res,
+      std::shared_ptr<Channel> ch,
+      std::shared_ptr<infer::BatchRequest> request,
+      json envelope,
+      std::function<json(const std::string&, const std::string&)> choices,
+      int64_t prompt_tokens) {
+    {
+      std::unique_lock<std::mutex> lock(ch->mu);
+      ch->cv.wait(lock, [&] { return ch->done || ch->tokens > 0; });
+      if (ch->done) {
+        if (ch->reason.rfind("error: ", 0) == 0) {
+          res.status = 500;
+          res.set_content(
+              error_body(ch->reason.substr(7), "", "server_error"),
+              "application/json");
+        } else {
+          res.set_content(
+              whole_reply(*ch, envelope, choices, prompt_tokens)
+                  .dump(-1, ' ', false, kReplace),
+              "application/json");
+        }
+        return;
+      }
+    }
+    res.set_chunked_content_provider(
+        "application/json",
+        [ch, request, envelope, choices, prompt_tokens](
+            size_t, httplib::DataSink& sink) {
+          std::unique_lock<std::mutex> lock(ch->mu);
+          ch->cv.wait_for(
+              lock, std::chrono::milliseconds(250), [&] { return ch->done; });
+          if (!ch->done) {
+            lock.unlock();
+            if (!sink.write(" ", 1)) {
+              request->cancelled = true;
+              return false;
+            }
+            return true;
+          }
+          const std::string body = ch->reason.rfind("error: ", 0) == 0
+              ? error_body(ch->reason.substr(7), "", "server_error")
+              : whole_reply(*ch, envelope, choices, prompt_tokens)
+                    .dump(-1, ' ', false, kReplace);
+          lock.unlock();
+          sink.write(body.data(), body.size());
+          sink.done();
+          return true;
+        },
+        [request](bool) { request->cancelled = true; });
   }
 
   // Server-sent events: one `data:` line per piece from `chunk`, then the
@@ -393,7 +438,8 @@ struct Server::Impl {
               if (!send(chunk(nullptr, &finish).dump(-1, ' ', false, kReplace)))
                 return false;
               if (usage_chunk &&
-                  !send(usage_chunk(ch->tokens).dump(-1, ' ', false, kReplace)))
+                  !send(usage_chunk(ch->tokens.load())
+                            .dump(-1, ' ', false, kReplace)))
                 return false;
             }
             send("[DONE]");
@@ -478,7 +524,8 @@ struct Server::Impl {
     }
     reply_whole(
         res,
-        *ch,
+        ch,
+        request,
         {{"id", id},
          {"object", "chat.completion"},
          {"created", created},
@@ -562,12 +609,13 @@ struct Server::Impl {
     }
     reply_whole(
         res,
-        *ch,
+        ch,
+        request,
         {{"id", id},
          {"object", "text_completion"},
          {"created", created},
          {"model", model}},
-        [&](const std::string& text, const std::string& finish) {
+        [choice](const std::string& text, const std::string& finish) {
           return choice(text, finish);
         },
         prompt_tokens);

@@ -206,7 +206,8 @@ TEST(Finetune, LoraTrainsResumesExactlyAndWritesAPeftAdapter) {
   // Chat through the adapter, once.
   r = chat_once(kLlama, a, "what is a fox?", 4, env);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("+ adapter"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("+ adapter"), std::string::npos)
+      << r.err; // -p: on stderr
 }
 
 // Mistral with a SentencePiece-style tokenizer.json and sliding_window 8

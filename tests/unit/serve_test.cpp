@@ -512,63 +512,78 @@ TEST(Serve, ConcurrentStreamsAreDecodedTogether) {
       << "six clients at once were decoded one by one";
 }
 
-TEST(Serve, AClientThatLeavesMidStreamFreesItsSlot) {
-  ServerFixture f(serve::ServeOptions{}, /*max_seq=*/2048);
-  auto body = chat_body(2000, true);
-  body["temperature"] = 1.0;
-  // A seed under which the reply runs far past the moment the client
-  // leaves: with the server's time-based seed the random model sometimes
-  // wrote its end-of-turn token first, and the request ended as "stop".
+// A seed under which the random model's reply runs on for `tokens` tokens
+// (with the server's time-based seed it sometimes wrote its end-of-turn
+// token first, and a request ended as "stop" before its client left).
+uint64_t seed_that_talks_on(ServerFixture& f, int64_t tokens) {
   const auto prompt = f.chat->prompt_ids(
       {{"system", "Be brief."}, {"user", "What does tree mean?"}});
   infer::SamplingOptions probe;
   probe.temperature = 1.0;
   probe.top_k = 0;
-  probe.max_new_tokens = 600;
+  probe.max_new_tokens = tokens;
   probe.stop_tokens = f.chat->stop_tokens();
-  auto talks_on = [&](uint64_t seed) {
+  for (uint64_t seed = 1; seed < 200; ++seed) {
     probe.seed = seed;
-    return f.chat->engine().generate(prompt, probe).size() == 600;
-  };
-  uint64_t seed = 1;
-  while (!talks_on(seed))
-    ASSERT_LT(++seed, 200u) << "no seed keeps the random model talking";
-  body["seed"] = seed;
-  const std::string payload = body.dump();
-  // A raw connection: send the request, read the first bytes of the
-  // stream, hang up.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(f.port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  std::string request =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-      "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(payload.size()) + "\r\n\r\n" + payload;
-  ASSERT_EQ(
-      ::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
-  std::string got;
-  char buf[512];
-  while (got.find("data: ") == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, size_t(n));
+    if (int64_t(f.chat->engine().generate(prompt, probe).size()) == tokens)
+      return seed;
   }
-  ::close(fd);
-  json health;
-  for (int i = 0; i < 400; ++i) {
-    health = json::parse(f.client().Get("/health")->body);
-    if (health["cancelled"].get<int64_t>() == 1)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  ADD_FAILURE() << "no seed keeps the random model talking";
+  return 1;
+}
+
+// A client that hangs up, streamed or not, is dropped from the batch: the
+// request is cancelled long before its 2000 tokens.
+TEST(Serve, AClientThatLeavesFreesItsSlot) {
+  ServerFixture f(serve::ServeOptions{}, /*max_seq=*/2048);
+  const uint64_t seed = seed_that_talks_on(f, 600);
+  int64_t cancelled = 0;
+  for (bool streamed : {true, false}) {
+    auto body = chat_body(2000, streamed);
+    body["temperature"] = 1.0;
+    body["seed"] = seed;
+    const std::string payload = body.dump();
+    // A raw connection: send the request, read the first bytes of the
+    // answer (a stream's first event; the whole reply's headers), hang up.
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(f.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(
+        ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    std::string request =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(payload.size()) + "\r\n\r\n" + payload;
+    ASSERT_EQ(
+        ::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+    std::string got;
+    char buf[512];
+    const std::string wait_for = streamed ? "data: " : "\r\n\r\n";
+    while (got.find(wait_for) == std::string::npos) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0);
+      got.append(buf, size_t(n));
+    }
+    EXPECT_NE(got.find(" 200 "), std::string::npos) << got;
+    ::close(fd);
+    ++cancelled;
+    json health;
+    for (int i = 0; i < 400; ++i) {
+      health = json::parse(f.client().Get("/health")->body);
+      if (health["cancelled"].get<int64_t>() == cancelled &&
+          health["active"].get<int64_t>() == 0)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    EXPECT_EQ(health["cancelled"].get<int64_t>(), cancelled)
+        << (streamed ? "streamed: " : "whole: ") << health.dump();
+    EXPECT_EQ(health["active"].get<int64_t>(), 0);
+    EXPECT_LT(health["decode_steps"].get<int64_t>(), 1900 * cancelled)
+        << "the request ran to the end after its client left";
   }
-  EXPECT_EQ(health["cancelled"].get<int64_t>(), 1) << health.dump();
-  EXPECT_EQ(health["active"].get<int64_t>(), 0);
-  EXPECT_LT(health["decode_steps"].get<int64_t>(), 1900)
-      << "the request ran to the end after its client left";
 }
 
 // The chat page in headless Chromium: it loads, sends the message in its
