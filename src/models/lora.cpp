@@ -6,6 +6,9 @@
 #include "core/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -240,7 +243,15 @@ void save_adapter(
 void write_merged_model(
     const Llama& model,
     const std::string& base_dir,
-    const std::string& out_dir) {
+    const std::string& final_dir) {
+  // The folder is written whole under <out>.partial and renamed into place
+  // at the end: a merge killed part way leaves only the .partial folder,
+  // which the next merge replaces, never a folder that looks finished.
+  std::string final_name = fs::path(final_dir).lexically_normal().string();
+  while (final_name.size() > 1 && final_name.back() == '/')
+    final_name.pop_back();
+  const std::string out_dir = final_name + ".partial";
+  remove_tree(out_dir);
   fs::create_directories(out_dir);
   auto state = model->merged_state();
   safetensors::save(
@@ -267,6 +278,19 @@ void write_merged_model(
       fs::copy_file(
           from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing);
   }
+  // --force over an existing folder: the old one goes only once the new one
+  // is complete.
+  const std::string old = final_name + ".replaced";
+  remove_tree(old);
+  if (fs::exists(final_name) && ::rename(final_name.c_str(), old.c_str()) != 0)
+    throw UserError(
+        "cannot replace " + final_name + ": " + std::strerror(errno) +
+        "; the merged model is complete in " + out_dir + ".");
+  if (::rename(out_dir.c_str(), final_name.c_str()) != 0)
+    throw UserError(
+        "cannot move " + out_dir + " to " + final_name + ": " +
+        std::strerror(errno) + "; the merged model is complete there.");
+  remove_tree(old);
 }
 
 } // namespace orchard::models

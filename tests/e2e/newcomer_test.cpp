@@ -130,6 +130,37 @@ TEST(Newcomer, FineTuningFitsTheModelsPositions) {
   EXPECT_NE(r.out.find("max_seq_length: 128"), std::string::npos) << r.out;
 }
 
+// A merge killed part way leaves <out>.partial, never a folder that looks
+// finished; the next merge replaces the leftover and completes.
+TEST(Newcomer, AMergeCutShortIsRedone) {
+  TempDir dir;
+  const std::string fixtures = ORCHARD_FIXTURES;
+  dir.write("merged.partial/model.safetensors", "cut short by SIGKILL");
+  auto r = run_orchard(
+      {"lora",
+       "merge",
+       "--model",
+       fixtures + "/hf/llama",
+       "--adapter",
+       fixtures + "/hf/llama_lora",
+       "--out",
+       dir.file("merged")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("merged/config.json")));
+  EXPECT_TRUE(fs::exists(dir.file("merged/tokenizer.json")));
+  EXPECT_FALSE(fs::exists(dir.file("merged.partial")));
+  // The merged weights load as a model.
+  r = run_orchard(
+      {"generate",
+       "--model",
+       dir.file("merged"),
+       "--prompt",
+       "hi",
+       "--max-new-tokens",
+       "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
 // Machine-readable output is alone on stdout: `plan --json` parses.
 TEST(Newcomer, JsonAloneOnStdout) {
   auto r = run_orchard({"plan", "--device", "cpu", "--json"});
