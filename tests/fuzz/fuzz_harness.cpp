@@ -63,10 +63,10 @@ double env_number(const char* name, double fallback) {
   return *end == '\0' && d > 0 ? d : fallback;
 }
 
-// Defaults sized so the whole binary (10 readers) stays near a minute on a
+// Defaults sized so the whole binary (13 campaigns) stays near a minute on a
 // 2-core machine; sanitized code runs 2-5x slower, so its inputs get more
 // time each (the budget per reader stays the same).
-constexpr double kDefaultSecondsPerReader = 5;
+constexpr double kDefaultSecondsPerReader = 4;
 constexpr double kDefaultInputSeconds = ORCHARD_FUZZ_ASAN ? 30 : 10;
 // Address space for the unsanitized build: far above what any reader needs
 // for these small inputs, far below what an unchecked size asks for.
@@ -566,8 +566,9 @@ Campaign::~Campaign() {
   std::fflush(stdout);
 }
 
-bool Campaign::more() const {
-  return failures_ < kMaxFailuresReported && now_seconds() - start_ < seconds_;
+bool Campaign::more(size_t seeds) const {
+  return failures_ < kMaxFailuresReported &&
+      (tried_ < seeds || now_seconds() - start_ < seconds_);
 }
 
 Rng Campaign::next_rng() {

@@ -78,8 +78,9 @@ class Campaign {
   Campaign(const Campaign&) = delete;
   Campaign& operator=(const Campaign&) = delete;
 
-  // Whether to try another input (budget left, fewer than the failure cap).
-  bool more() const;
+  // Whether to try another input: budget left (or fewer inputs tried than
+  // `seeds`, which always run), and fewer failures than the cap.
+  bool more(size_t seeds = 1) const;
   // The generator for the next input, seeded from (seed, input index).
   Rng next_rng();
   // Runs one input: `input` is what gets printed and saved if `read` fails

@@ -417,7 +417,7 @@ TEST(Fuzz, JinjaTemplates) {
       "|items",
       "|dictsort"};
   Campaign c("jinja");
-  while (c.more()) {
+  while (c.more(seeds.size())) {
     Rng rng = c.next_rng();
     std::string in;
     if (c.tried() < seeds.size())
@@ -441,7 +441,7 @@ TEST(Fuzz, TokenizerConfig) {
        {{"name", "tool_use"}, {"template", "{{ 1 }}"}}});
   const std::vector<std::string> seeds = {base.dump(2), listed.dump(2)};
   Campaign c("tokenizer-cfg");
-  while (c.more()) {
+  while (c.more(seeds.size())) {
     Rng rng = c.next_rng();
     std::string in = c.tried() < seeds.size()
         ? seeds[c.tried()]
