@@ -9,6 +9,9 @@
 #                             WordNet: base, mid and sft training, a report
 #                             and chat samples (key=value arguments go to
 #                             `orchard pipeline`)
+#   ./orchard.sh fuzz         build the readers and their fuzz tests under
+#                             AddressSanitizer + UBSan (build-sanitize/) and
+#                             run them (ORCHARD_FUZZ_SECONDS per reader)
 #
 # Environment: ORCHARD_BUILD_DIR (default build), ORCHARD_TORCH_PREFIX (a
 # libtorch to build against; default: PyTorch's when `python3 -c 'import
@@ -157,6 +160,28 @@ cmd_test() {
   (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(jobs)")
 }
 
+# The fuzz tests under AddressSanitizer and UndefinedBehaviorSanitizer: a
+# separate build of only the readers and tests/fuzz (see
+# cmake/sanitize.cmake). A sanitizer report stops the run and names the input.
+cmd_fuzz() {
+  local prefix="${ORCHARD_TORCH_PREFIX:-$(python_torch_prefix)}"
+  local dir="${ORCHARD_SANITIZE_BUILD_DIR:-$ROOT/build-sanitize}"
+  local generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    say "Configuring the sanitizer build ($dir)"
+    cmake -S "$ROOT" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DORCHARD_SANITIZE=ON ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"}
+  fi
+  say "Building the readers and the fuzz tests with -fsanitize=address,undefined"
+  cmake --build "$dir" -j "$(jobs)" --target orchard_fuzz_tests
+  say "Fuzzing under the sanitizers (${ORCHARD_FUZZ_SECONDS:-4} s per reader)"
+  (cd "$dir" && \
+    ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
+    UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" \
+    ./orchard_fuzz_tests)
+}
+
 cmd_quickstart() {
   cmd_setup
   cmd_build orchard
@@ -181,6 +206,7 @@ case "${1:-}" in
   build) cmd_build ;;
   test) cmd_test ;;
   quickstart) shift; cmd_quickstart "$@" ;;
+  fuzz) cmd_fuzz ;;
   *)
     [ -z "${1:-}" ] || echo "unknown command: $1" >&2
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -302,7 +303,13 @@ void apply_yaml_text(
     std::string at = where + ":" + std::to_string(line);
     return label.empty() ? at : label + " (" + at + ")";
   };
-  apply_yaml_node(schema, cfg, root, "", origin_at, origins);
+  try {
+    apply_yaml_node(schema, cfg, root, "", origin_at, origins);
+  } catch (const YAML::Exception& e) { // a key that is a list or a map, ...
+    throw UserError(
+        "config file " + where + ":" + std::to_string(e.mark.line + 1) +
+        ": expected plain `key: value` entries: " + e.msg);
+  }
 }
 
 bool plain_yaml_scalar(const std::string& s) {
@@ -329,9 +336,18 @@ std::string yaml_string(const std::string& s) {
     return s;
   std::string out = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\')
+    if (c == '"' || c == '\\') {
       out += '\\';
-    out += c;
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      // Escaped: a raw newline in a quoted YAML scalar reads back as a
+      // space, and other control characters are not allowed.
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
   }
   return out + "\"";
 }

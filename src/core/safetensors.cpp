@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "core/json.h"
 
 #include <nlohmann/json.hpp>
 
@@ -102,8 +103,9 @@ TensorInfo parse_entry(
       corrupt(path, where + " has a shape entry that is not a size");
     t.shape.push_back(d.get<int64_t>());
   }
+  static const json kMissing; // a reference: a temporary would copy the entry
   const json& off =
-      entry.contains("data_offsets") ? entry["data_offsets"] : json();
+      entry.contains("data_offsets") ? entry["data_offsets"] : kMissing;
   if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
       !off[1].is_number_unsigned())
     corrupt(path, where + " has no valid data_offsets [begin, end]");
@@ -143,9 +145,16 @@ File File::open(const std::string& path) {
         "the header claims " + std::to_string(header_len) +
             " bytes but the file has only " + std::to_string(size - 8) +
             " after the length (truncated?)");
+  const std::string_view header_text(
+      reinterpret_cast<const char*>(bytes) + 8, header_len);
+  if (json_nesting(header_text) > kMaxJsonDepth)
+    corrupt(
+        path,
+        "the header nests deeper than " + std::to_string(kMaxJsonDepth) +
+            " levels");
   json header;
   try {
-    header = json::parse(bytes + 8, bytes + 8 + header_len);
+    header = json::parse(header_text);
   } catch (const json::exception& e) {
     corrupt(
         path, std::string("the header is not valid JSON (") + e.what() + ")");
@@ -358,7 +367,8 @@ Reader Reader::open(const std::string& path) {
     auto it = file_of_shard.find(s);
     if (it == file_of_shard.end()) {
       fs::path file = index.parent_path() / rel;
-      if (!fs::exists(file))
+      std::error_code ec; // a name too long to look up is missing too
+      if (!fs::is_regular_file(file, ec))
         throw UserError(
             "'" + index.string() + "' names shard '" + s + "' for tensor '" +
             name + "', but " + file.string() +

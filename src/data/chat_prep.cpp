@@ -1,6 +1,7 @@
 #include "data/chat_prep.h"
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/loader.h"
 #include "data/text_prep.h"
 
@@ -54,13 +55,15 @@ std::vector<text::Message> to_messages(
     throw BadRecord{"a record must be a JSON object"};
   std::vector<text::Message> msgs;
   if (format == "messages") {
-    if (!j["messages"].is_array())
-      throw BadRecord{"\"messages\" is not a list"};
+    // contains() first: operator[] on a const object lacking the key is
+    // undefined behaviour (a record unlike the file's first one).
+    if (!j.contains("messages") || !j["messages"].is_array())
+      throw BadRecord{"\"messages\" is missing or not a list"};
     for (const auto& m : j["messages"])
       msgs.push_back({string_field(m, "role"), string_field(m, "content")});
   } else if (format == "sharegpt") {
-    if (!j["conversations"].is_array())
-      throw BadRecord{"\"conversations\" is not a list"};
+    if (!j.contains("conversations") || !j["conversations"].is_array())
+      throw BadRecord{"\"conversations\" is missing or not a list"};
     for (const auto& m : j["conversations"]) {
       std::string from = string_field(m, "from");
       std::string role = from == "human" || from == "user" ? "user"
@@ -155,6 +158,9 @@ ChatPrepStats prepare_chat(
       if (parsed) {
         j = *parsed;
       } else {
+        if (json_nesting(raw_or_empty) > kMaxJsonDepth)
+          throw BadRecord{
+              "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"};
         j = json::parse(raw_or_empty, nullptr, false);
         if (j.is_discarded())
           throw BadRecord{
@@ -207,7 +213,9 @@ ChatPrepStats prepare_chat(
     std::string format = opt.format; // detected per file
     size_t first = content.find_first_not_of(" \t\r\n");
     if (first != std::string::npos && content[first] == '[') {
-      json arr = json::parse(content, nullptr, false);
+      json arr = json_nesting(content) > kMaxJsonDepth
+          ? json(json::value_t::discarded)
+          : json::parse(content, nullptr, false);
       if (arr.is_discarded() || !arr.is_array())
         throw UserError(
             file +

@@ -3,6 +3,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/json.h"
 #include "core/safetensors.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -59,10 +61,13 @@ namespace {
 namespace fs = std::filesystem;
 
 nlohmann::json read_json(const std::string& file) {
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   if (!in)
     throw UserError("cannot read '" + file + "'.");
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  auto j = json_nesting(text) > kMaxJsonDepth
+      ? nlohmann::json(nlohmann::json::value_t::discarded)
+      : nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     throw UserError("'" + file + "' is not valid JSON.");
   return j;
@@ -75,16 +80,9 @@ bool set_and_not_empty(const nlohmann::json& j, const char* key) {
   return !(v.is_object() || v.is_array() || v.is_string()) || !v.empty();
 }
 
-} // namespace
-
-LoraSpec read_adapter_config(const std::string& dir) {
-  const std::string file = (fs::path(dir) / "adapter_config.json").string();
-  if (!fs::exists(file))
-    throw UserError(
-        "'" + dir +
-        "' has no adapter_config.json; give a folder PEFT or Orchard saved "
-        "an adapter to.");
-  auto j = read_json(file);
+// adapter_config.json's fields; nlohmann::json::exception for a value of
+// the wrong type.
+LoraSpec adapter_spec(const nlohmann::json& j, const std::string& file) {
   if (j.value("peft_type", "") != "LORA")
     throw UserError(
         "'" + file + "' is a " + j.value("peft_type", std::string("?")) +
@@ -117,8 +115,8 @@ LoraSpec read_adapter_config(const std::string& dir) {
   s.alpha = j.value("lora_alpha", double(s.r));
   s.dropout = j.value("lora_dropout", 0.0);
   s.rslora = j.value("use_rslora", false);
-  const auto& t =
-      j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+  static const nlohmann::json kMissing; // a temporary would copy the value
+  const auto& t = j.contains("target_modules") ? j["target_modules"] : kMissing;
   if (t.is_array()) {
     s.target_modules.clear();
     for (const auto& m : t)
@@ -132,6 +130,25 @@ LoraSpec read_adapter_config(const std::string& dir) {
   }
   s.target_modules = normalize_target_modules(s.target_modules);
   return s;
+}
+
+} // namespace
+
+LoraSpec read_adapter_config(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "adapter_config.json").string();
+  if (!fs::exists(file))
+    throw UserError(
+        "'" + dir +
+        "' has no adapter_config.json; give a folder PEFT or Orchard saved "
+        "an adapter to.");
+  auto j = read_json(file);
+  try {
+    return adapter_spec(j, file);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(
+        "'" + file + "' has a value of the wrong type (" + e.what() +
+        "); compare it with an adapter_config.json PEFT writes.");
+  }
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(

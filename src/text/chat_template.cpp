@@ -127,8 +127,9 @@ std::optional<TemplateFile> read_chat_template(const std::string& dir) {
       tmpl = j["chat_template"];
     else if (j.contains("chat_template") && j["chat_template"].is_array())
       for (const auto& t : j["chat_template"]) // [{name, template}, ...]
-        if (t.value("name", "") == "default")
-          tmpl = t.value("template", "");
+        if (t.is_object() && t.contains("name") && t["name"] == "default" &&
+            t.contains("template") && t["template"].is_string())
+          tmpl = t["template"];
   }
   // transformers 5 writes the template to chat_template.jinja instead.
   fs::path jinja = fs::path(dir) / "chat_template.jinja";

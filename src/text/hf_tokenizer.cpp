@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "core/json.h"
 
 #include <nlohmann/json.hpp>
 
@@ -275,23 +276,8 @@ Tokenizer load_sentencepiece(
   return Tokenizer(std::move(special), std::move(sp), "huggingface");
 }
 
-} // namespace
-
-Tokenizer load_hf_tokenizer(const std::string& path) {
-  json j;
-  {
-    std::ifstream in(path);
-    if (!in)
-      throw UserError("cannot read '" + path + "'.");
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      throw UserError("'" + path + "' is not valid JSON: " + e.what());
-    }
-  }
-  Fail fail = [&](const std::string& what) -> UserError {
-    return UserError("'" + path + "': " + what);
-  };
+// A parsed tokenizer.json; json::exception for a value of the wrong type.
+Tokenizer from_json(const json& j, const Fail& fail) {
   if (!j.contains("model") || !j["model"].is_object())
     throw fail("no \"model\" section; is this a Hugging Face tokenizer.json?");
   const json& model = j["model"];
@@ -304,12 +290,8 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
         "and WordPiece files are not BPE.");
   if (!model.contains("vocab") || !model["vocab"].is_object())
     throw fail("model.vocab is missing");
-  try {
-    if (auto sp = sentencepiece_form(j, fail))
-      return load_sentencepiece(j, std::move(*sp), fail);
-  } catch (const json::exception& e) {
-    throw fail(std::string("unexpected structure: ") + e.what());
-  }
+  if (auto sp = sentencepiece_form(j, fail))
+    return load_sentencepiece(j, std::move(*sp), fail);
 
   // Pattern: ByteLevel(use_regex) means GPT-2's; a Split's Regex otherwise.
   std::string pattern;
@@ -346,7 +328,13 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
   uint32_t rank = 0;
   for (const auto& m : model.value("merges", json::array())) {
     auto [a, b] = merge_parts(m, fail);
-    std::string merged = unicode_to_bytes(a) + unicode_to_bytes(b);
+    std::string merged;
+    try {
+      merged = unicode_to_bytes(a) + unicode_to_bytes(b);
+    } catch (const std::invalid_argument&) {
+      throw fail(
+          "merge '" + a + " " + b + "' is not in GPT-2's byte-level alphabet.");
+    }
     auto it = index.find(merged);
     if (it == index.end())
       throw fail("merge '" + a + " " + b + "' makes a token the vocab lacks.");
@@ -360,6 +348,38 @@ Tokenizer load_hf_tokenizer(const std::string& path) {
   });
   return Tokenizer(
       std::move(tokens), std::move(special), pattern, "huggingface");
+}
+
+} // namespace
+
+Tokenizer load_hf_tokenizer(const std::string& path) {
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      throw UserError("cannot read '" + path + "'.");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  Fail fail = [&](const std::string& what) -> UserError {
+    return UserError("'" + path + "': " + what);
+  };
+  if (json_nesting(text) > kMaxJsonDepth)
+    throw fail(
+        "nests deeper than " + std::to_string(kMaxJsonDepth) +
+        " levels; this is not a tokenizer.json.");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw UserError("'" + path + "' is not valid JSON: " + e.what());
+  }
+  try {
+    return from_json(j, fail);
+  } catch (const json::exception& e) {
+    throw fail(std::string("unexpected structure: ") + e.what());
+  }
 }
 
 void save_hf_tokenizer(const Tokenizer& tok, const std::string& path) {

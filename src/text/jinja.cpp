@@ -99,8 +99,11 @@ class Renderer {
   }
 
   Flow exec(const Node& n, Text& out) {
+    charge(1, at(n.line));
     switch (n.kind) {
       case Node::Kind::Text:
+        if (out.s.size() + n.text.size() > kMaxTextBytes)
+          fail(n.line, "the output passes 64 MB.");
         out.s += n.text;
         return Flow::Normal;
       case Node::Kind::Emit:
@@ -171,6 +174,7 @@ class Renderer {
       items = std::move(kept);
     }
     for (size_t k = 0; k < items.size(); ++k) {
+      charge(1, at(n.line));
       scopes.back().clear();
       bind(n, items[k]);
       const int64_t len = int64_t(items.size()), idx = int64_t(k);
@@ -290,7 +294,7 @@ class Renderer {
       case K::Negate: {
         Value v = eval(*e.a);
         if (v.kind == Value::Kind::Int)
-          return Value::integer(-v.i);
+          return Value::integer(checked('-', 0, v.i, at(e.line)));
         if (v.kind == Value::Kind::Float) {
           v.f = -v.f;
           return v;
@@ -397,12 +401,13 @@ class Renderer {
       return Value::boolean(af <= bf);
     if (op == ">=")
       return Value::boolean(af >= bf);
-    if (op == "+")
-      return ints ? Value::integer(ai + bi) : real(af + bf);
-    if (op == "-")
-      return ints ? Value::integer(ai - bi) : real(af - bf);
-    if (op == "*")
-      return ints ? Value::integer(ai * bi) : real(af * bf);
+    if (op == "+" || op == "-" || op == "*")
+      return ints     ? Value::integer(checked(op[0], ai, bi, at(line)))
+          : op == "+" ? real(af + bf)
+          : op == "-" ? real(af - bf)
+                      : real(af * bf);
+    if (ints && (op == "//" || op == "%") && bi == -1) // INT64_MIN / -1 traps
+      return Value::integer(op == "%" ? 0 : checked('-', 0, ai, at(line)));
     if ((op == "/" || op == "//" || op == "%") && bf == 0)
       fail(line, "division by zero.");
     if (op == "/")
@@ -420,10 +425,18 @@ class Renderer {
       int64_t r = ai % bi;
       return Value::integer((r != 0 && ((r < 0) != (bi < 0))) ? r + bi : r);
     }
-    if (op == "**")
-      return ints && bi >= 0
-          ? Value::integer(int64_t(std::llround(std::pow(af, bf))))
-          : real(std::pow(af, bf));
+    if (op == "**") {
+      const double p = std::pow(af, bf);
+      if (!ints || bi < 0)
+        return real(p);
+      // 2^63 is exact in a double; anything at or past it overflows.
+      if (!(std::fabs(p) < 9223372036854775808.0))
+        fail(
+            line,
+            std::to_string(ai) + " ** " + std::to_string(bi) +
+                " does not fit in a 64-bit integer.");
+      return Value::integer(int64_t(std::llround(p)));
+    }
     fail(line, "unknown operator " + op + ".");
   }
 
@@ -454,6 +467,7 @@ Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
 Output Template::render(const Pairs& context) const {
+  reset_work();
   Renderer r(impl_->name);
   r.scopes.emplace_back(globals(impl_->name));
   r.scopes.emplace_back();

@@ -20,6 +20,35 @@ using VK = Value::Kind;
   throw UserError(where + ": " + what);
 }
 
+thread_local uint64_t work_done = 0;
+thread_local int value_depth = 0;
+
+// Counts one level of a value being printed or compared.
+class DepthGuard {
+ public:
+  DepthGuard() {
+    if (++value_depth > kMaxValueDepth) {
+      value_depth = 0; // the UserError unwinds every guard's level
+      throw UserError(
+          "a value nests deeper than " + std::to_string(kMaxValueDepth) +
+          " levels (a namespace or list that holds itself?).");
+    }
+  }
+  ~DepthGuard() {
+    if (value_depth > 0)
+      --value_depth;
+  }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+};
+
+void check_size(size_t bytes) {
+  if (bytes > kMaxTextBytes)
+    throw UserError(
+        "the template builds a string over " +
+        std::to_string(kMaxTextBytes >> 20) + " MB.");
+}
+
 bool is_ws(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
       c == '\v';
@@ -104,9 +133,12 @@ void json_string(const std::string& s, std::string& out) {
 }
 
 void json(const Value& v, int indent, int level, std::string& out) {
+  DepthGuard guard;
   auto newline = [&](int lvl) {
-    if (indent >= 0)
-      out += "\n" + std::string(size_t(indent * lvl), ' ');
+    if (indent >= 0) {
+      check_size(out.size() + size_t(indent) * size_t(lvl));
+      out += "\n" + std::string(size_t(indent) * size_t(lvl), ' ');
+    }
   };
   const char* comma = indent >= 0 ? "," : ", ";
   switch (v.kind) {
@@ -238,7 +270,36 @@ Value attribute(const Value& obj, const std::string& path) {
   return cur;
 }
 
+void reset_work() {
+  work_done = 0;
+  value_depth = 0;
+}
+
+void charge(uint64_t units, const std::string& where) {
+  work_done += units;
+  if (work_done > kMaxWork)
+    fail(
+        where,
+        "the template does more than " + std::to_string(kMaxWork) +
+            " steps of work for one conversation; no chat template needs "
+            "that many (a loop that never ends?).");
+}
+
+int64_t checked(char op, int64_t a, int64_t b, const std::string& where) {
+  int64_t r = 0;
+  bool overflow = op == '+' ? __builtin_add_overflow(a, b, &r)
+      : op == '-'           ? __builtin_sub_overflow(a, b, &r)
+                            : __builtin_mul_overflow(a, b, &r);
+  if (overflow)
+    fail(
+        where,
+        std::to_string(a) + " " + op + " " + std::to_string(b) +
+            " does not fit in a 64-bit integer.");
+  return r;
+}
+
 void append(Text& out, const Text& t) {
+  check_size(out.s.size() + t.s.size());
   const size_t base = out.s.size();
   for (const auto& sp : t.spans)
     out.spans.push_back({sp.begin + base, sp.end + base, sp.tag});
@@ -246,6 +307,7 @@ void append(Text& out, const Text& t) {
 }
 
 Text str_of(const Value& v) {
+  DepthGuard guard;
   Text t;
   switch (v.kind) {
     case VK::Undefined:
@@ -310,6 +372,7 @@ bool truthy(const Value& v) {
 }
 
 bool equal(const Value& a, const Value& b) {
+  DepthGuard guard;
   auto number = [](const Value& v) {
     return v.kind == VK::Int || v.kind == VK::Float || v.kind == VK::Bool;
   };
@@ -407,6 +470,7 @@ List iterate(const Value& v, const std::string& where) {
     case VK::Undefined:
       return {};
     case VK::List:
+      charge(v.list->size(), where);
       return *v.list;
     case VK::Dict: {
       List keys;
@@ -417,6 +481,7 @@ List iterate(const Value& v, const std::string& where) {
     case VK::String: {
       List chars;
       auto at = code_points(v.str.s);
+      charge(at.size(), where);
       for (size_t k = 0; k + 1 < at.size(); ++k)
         chars.push_back(text_value(sub(v.str, at[k], at[k + 1])));
       return chars;
@@ -505,11 +570,13 @@ Value slice(
     return text_value(sub(obj.str, at[size_t(a)], at[size_t(std::max(a, b))]));
   List items;
   Text t;
-  for (int64_t k = a; s > 0 ? k < b : k > b; k += s) {
+  for (int64_t k = a; s > 0 ? k < b : k > b;) {
     if (obj.kind == VK::List)
       items.push_back((*obj.list)[size_t(k)]);
     else
       append(t, sub(obj.str, at[size_t(k)], at[size_t(k) + 1]));
+    if (__builtin_add_overflow(k, s, &k)) // a step past either end
+      break;
   }
   return obj.kind == VK::List ? Value::array(std::move(items))
                               : text_value(std::move(t));
@@ -642,6 +709,7 @@ Value call_method(
     size_t p = 0, q;
     while ((q = s.find(from, p)) != std::string::npos) {
       r += s.substr(p, q - p) + to;
+      check_size(r.size());
       p = q + from.size();
     }
     return Value::string(r + s.substr(p));
@@ -720,12 +788,16 @@ std::map<std::string, Value> globals(const std::string& template_name) {
     if (s == 0)
       fail(where, "step cannot be zero.");
     // A template is a file anyone can edit; no chat template loops this far.
+    // (In 128 bits: b - a overflows 64 for the widest ranges.)
     constexpr int64_t kMaxRange = 1'000'000;
-    if ((b - a) / s > kMaxRange)
+    const __int128 span = __int128(b) - a;
+    const __int128 count = s > 0 ? (span + s - 1) / s : (span + s + 1) / s;
+    if (count > kMaxRange)
       fail(where, "gives more than 1,000,000 numbers.");
+    charge(count > 0 ? uint64_t(count) : 0, where);
     List out;
-    for (int64_t k = a; s > 0 ? k < b : k > b; k += s)
-      out.push_back(Value::integer(k));
+    for (__int128 k = 0; k < count; ++k)
+      out.push_back(Value::integer(int64_t(a + k * s)));
     return Value::array(std::move(out));
   });
   return g;

@@ -11,6 +11,25 @@
 
 namespace orchard::text::jinja {
 
+// Limits that keep a template (a file anyone can edit) from hanging or
+// exhausting a command or the server; no chat template comes near them.
+// A render's work: each node run, loop turn, and item a list is built
+// from counts one unit (about a microsecond at most).
+constexpr uint64_t kMaxWork = 2'000'000;
+// The largest string a template builds (its output included).
+constexpr size_t kMaxTextBytes = size_t(1) << 26; // 64 MB
+// How deep values nest when printed or compared (a namespace that holds
+// itself would recurse forever).
+constexpr int kMaxValueDepth = 200;
+
+// Starts a render's work count (per thread).
+void reset_work();
+// Counts `units` of work; UserError at `where` past kMaxWork.
+void charge(uint64_t units, const std::string& where);
+// a + b, a - b, a * b, -a on 64-bit integers; UserError at `where` on
+// overflow (Python's integers have no limit; Orchard's templates do).
+int64_t checked(char op, int64_t a, int64_t b, const std::string& where);
+
 // Byte offsets of each code point's start, then the string's size.
 std::vector<size_t> code_points(const std::string& s);
 // Bytes [a, b) of `t`, its spans clipped to them.

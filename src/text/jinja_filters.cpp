@@ -40,7 +40,12 @@ Value Builtins::filter(const std::string& name, List& args, Pairs& kwargs)
   }
   if (name == "tojson") {
     const Value* ind = arg(rest, 0, kwargs, "indent");
-    int indent = ind && ind->kind != VK::None ? int(as_int(*ind, where)) : -1;
+    const int64_t width =
+        ind && ind->kind != VK::None ? as_int(*ind, where) : -1;
+    constexpr int64_t kMaxIndent = 1000;
+    if (width > kMaxIndent)
+      fail(where, "tojson indent above " + std::to_string(kMaxIndent) + ".");
+    const int indent = int(std::max<int64_t>(width, -1));
     try {
       return Value::string(to_json(v, indent));
     } catch (const UserError& e) {
@@ -158,7 +163,7 @@ Value Builtins::filter(const std::string& name, List& args, Pairs& kwargs)
   }
   if (name == "abs") {
     if (v.kind == VK::Int)
-      return Value::integer(v.i < 0 ? -v.i : v.i);
+      return Value::integer(v.i < 0 ? checked('-', 0, v.i, where) : v.i);
     if (v.kind == VK::Float) {
       Value r = v;
       r.f = std::fabs(v.f);
@@ -220,7 +225,7 @@ bool Builtins::test(const std::string& name, const Value& v, const List& args)
     int64_t x = as_int(v, where);
     if (name == "divisibleby") {
       int64_t d = as_int(need(), where);
-      return d != 0 && x % d == 0;
+      return d != 0 && (d == -1 || x % d == 0); // INT64_MIN % -1 traps
     }
     return (x % 2 != 0) == (name == "odd");
   }

@@ -7,6 +7,8 @@
 #include "core/error.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace orchard::text::jinja {
@@ -161,11 +163,16 @@ std::vector<Tok> lex(const std::string& body, const std::string& where) {
         while (q < body.size() && std::isdigit((unsigned char)body[q]))
           ++q;
         Tok t{Tok::Kind::Float, body.substr(p, q - p)};
-        t.f = std::stod(t.s);
+        t.f = std::strtod(t.s.c_str(), nullptr); // inf when too large
         out.push_back(t);
       } else {
         Tok t{Tok::Kind::Int, body.substr(p, q - p)};
-        t.i = std::stoll(t.s);
+        errno = 0;
+        t.i = std::strtoll(t.s.c_str(), nullptr, 10);
+        if (errno == ERANGE)
+          throw UserError(
+              where + ": the number " + t.s +
+              " does not fit in a 64-bit integer.");
         out.push_back(t);
       }
       p = q;
@@ -215,6 +222,14 @@ std::vector<Tok> lex(const std::string& body, const std::string& where) {
       p += op.size();
     }
   }
+  // The parser and the renderer recurse once per level of an expression,
+  // and an expression nests at most as deep as it has tokens; chat
+  // templates' longest tags have under 50.
+  constexpr size_t kMaxTagTokens = 1000;
+  if (out.size() > kMaxTagTokens)
+    throw UserError(
+        where + ": a tag of more than " + std::to_string(kMaxTagTokens) +
+        " tokens; split the expression with {% set %}.");
   out.push_back({Tok::Kind::End, ""});
   return out;
 }
@@ -605,8 +620,14 @@ Body parse_template(const std::string& source, const std::string& name) {
     current().push_back(std::move(n));
     return *current().back();
   };
+  // Rendering recurses once per open block; chat templates nest a few.
+  constexpr size_t kMaxBlockDepth = 100;
   for (auto& piece : split(source, name)) {
     const std::string where = name + ":" + std::to_string(piece.line);
+    if (open.size() > kMaxBlockDepth)
+      throw UserError(
+          where + ": blocks nest more than " + std::to_string(kMaxBlockDepth) +
+          " deep.");
     if (piece.kind == Piece::Kind::Text) {
       add(Node::Kind::Text, piece.line).text = piece.body;
       continue;

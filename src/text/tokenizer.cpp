@@ -157,6 +157,15 @@ void Tokenizer::Impl::add_tokens(
     max_id = std::max(max_id, id);
   for (const auto& [text, id] : special_tokens)
     max_id = std::max(max_id, id);
+  // Ids index a table here: an id far past any real vocabulary (the largest
+  // in use hold ~256k tokens) means a damaged file, not gigabytes to
+  // allocate.
+  constexpr TokenId kMaxTokenId = (TokenId(1) << 24) - 1;
+  if (max_id > kMaxTokenId)
+    throw UserError(
+        "the tokenizer uses token id " + std::to_string(max_id) +
+        ", past the largest Orchard accepts (" + std::to_string(kMaxTokenId) +
+        "); the vocabulary file is damaged.");
   m.by_id.resize(size_t(max_id) + 1);
   m.known.assign(size_t(max_id) + 1, false);
   m.by_bytes.reserve(tokens.size() * 2);
