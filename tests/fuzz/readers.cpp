@@ -2,6 +2,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "data/chat_file.h"
 #include "data/chat_prep.h"
@@ -60,7 +61,7 @@ std::string seed_dir(const std::string& what) {
 
 // Removes what an earlier input left in `dir`.
 void clear(const std::string& dir) {
-  fs::remove_all(dir);
+  remove_tree(dir); // not fs::remove_all: see core/files.h (PyTorch 2.x)
   fs::create_directories(dir);
 }
 
@@ -150,7 +151,7 @@ std::string seed_safetensors() {
        {"model.half", torch::full({2, 2}, 0.5, torch::kFloat16)}},
       {{"format", "pt"}});
   std::string bytes = slurp(path);
-  fs::remove_all(dir);
+  remove_tree(dir); // not fs::remove_all: see core/files.h (PyTorch 2.x)
   return bytes;
 }
 
@@ -551,7 +552,7 @@ std::string seed_shard(bool wide) {
     tokens.push_back(wide ? 65536 + i * 7 : i * 13);
   data::write_shard(dir + "/s.bin", tokens, wide ? 70000 : 300);
   std::string bytes = slurp(dir + "/s.bin");
-  fs::remove_all(dir);
+  remove_tree(dir); // not fs::remove_all: see core/files.h (PyTorch 2.x)
   return bytes;
 }
 
@@ -579,7 +580,7 @@ std::string seed_chat_file() {
       {{7, 8, 9, 10, 11, 12}, {0, 0, 0, 1, 1, 1}}};
   data::write_chat_file(dir + "/c.chat", convs);
   std::string bytes = slurp(dir + "/c.chat");
-  fs::remove_all(dir);
+  remove_tree(dir); // not fs::remove_all: see core/files.h (PyTorch 2.x)
   return bytes;
 }
 
