@@ -566,9 +566,14 @@ Campaign::~Campaign() {
   std::fflush(stdout);
 }
 
-bool Campaign::more(size_t seeds) const {
-  return failures_ < kMaxFailuresReported &&
-      (tried_ < seeds || now_seconds() - start_ < seconds_);
+bool Campaign::more(size_t seeds) {
+  if (failures_ >= kMaxFailuresReported)
+    return false;
+  if (tried_ < seeds)
+    return true;
+  if (budget_start_ == 0)
+    budget_start_ = now_seconds();
+  return now_seconds() - budget_start_ < seconds_;
 }
 
 Rng Campaign::next_rng() {

@@ -78,9 +78,10 @@ class Campaign {
   Campaign(const Campaign&) = delete;
   Campaign& operator=(const Campaign&) = delete;
 
-  // Whether to try another input: budget left (or fewer inputs tried than
-  // `seeds`, which always run), and fewer failures than the cap.
-  bool more(size_t seeds = 1) const;
+  // Whether to try another input: fewer failures than the cap, and fewer
+  // inputs tried than `seeds` (which always run; the time budget starts
+  // after them) or budget left.
+  bool more(size_t seeds = 1);
   // The generator for the next input, seeded from (seed, input index).
   Rng next_rng();
   // Runs one input: `input` is what gets printed and saved if `read` fails
@@ -98,7 +99,7 @@ class Campaign {
   std::string reader_;
   uint64_t seed_;
   double seconds_;
-  double start_;
+  double start_, budget_start_ = 0;
   size_t tried_ = 0, ok_ = 0, user_errors_ = 0, failures_ = 0;
 };
 
