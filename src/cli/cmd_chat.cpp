@@ -101,6 +101,12 @@ Command register_chat(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--seed", st->sampling.seed, "random seed")
       ->capture_default_str();
+  app->add_option(
+         "--sampling-device",
+         st->sampling.sampling_device,
+         "where tokens are drawn: auto (the model's device), cpu (the same "
+         "text on every device for a seed) or device")
+      ->capture_default_str();
   add_device_flags(app, st->device, /*allow_assume=*/false);
   return {app, [st, prompt_opt] {
             if (auto p = infer::sampling_problem(st->sampling); !p.empty())

@@ -41,6 +41,12 @@ Command register_generate(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--seed", st->sampling.seed, "random seed")
       ->capture_default_str();
+  app->add_option(
+         "--sampling-device",
+         st->sampling.sampling_device,
+         "where tokens are drawn: auto (the model's device), cpu (the same "
+         "text on every device for a seed) or device")
+      ->capture_default_str();
   app->add_flag(
       "--interactive",
       st->interactive,
@@ -90,8 +96,11 @@ Command register_generate(CLI::App& root) {
               true,
               &stats);
           std::printf(
-              "\n[%lld tokens, %.1f tokens/s]\n",
+              "\n[%lld tokens; prompt %lld tokens at %.0f tokens/s, "
+              "generation %.1f tokens/s]\n",
               (long long)stats.new_tokens,
+              (long long)stats.prompt_tokens,
+              stats.prefill_tokens_per_s(),
               stats.decode_tokens_per_s());
         };
         if (!st->prompt.empty())

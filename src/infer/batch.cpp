@@ -2,15 +2,12 @@
 
 #include "core/error.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 
 namespace orchard::infer {
 
 struct BatchEngine::Slot {
   std::shared_ptr<BatchRequest> request;
-  torch::Generator gen;
   int64_t length = 0;    // tokens in the cache + the pending one
   int64_t last = 0;      // the token the next step feeds
   int64_t generated = 0; // new tokens so far
@@ -22,7 +19,9 @@ BatchEngine::BatchEngine(
     int64_t max_batch)
     : model_(std::move(model)),
       device_(device),
-      max_batch_(std::max<int64_t>(1, max_batch)) {
+      max_batch_(std::max<int64_t>(1, max_batch)),
+      sampler_(device),
+      step_(model_) {
   model_->to(device_);
   model_->eval();
   worker_ = std::thread([this] { loop(); });
@@ -87,6 +86,8 @@ void BatchEngine::loop() {
       what = what.substr(0, what.find('\n'));
       cache_.k.clear();
       cache_.v.clear();
+      step_.reset();
+      sampler_ = Sampler(device_);
       while (!slots_.empty()) {
         auto r = slots_.back()->request;
         slots_.pop_back();
@@ -108,7 +109,13 @@ void BatchEngine::loop() {
 
 void BatchEngine::finish(size_t index, const std::string& reason) {
   auto request = slots_[index]->request;
-  slots_.erase(slots_.begin() + int64_t(index));
+  // The last row moves into the freed one (cache, sampler and slot alike).
+  const size_t last = slots_.size() - 1;
+  if (!cache_.k.empty())
+    move_row(cache_, int64_t(last), int64_t(index));
+  sampler_.remove_row(int64_t(index));
+  slots_[index] = std::move(slots_[last]);
+  slots_.pop_back();
   // The slot is free before the request counts as cancelled, so /health
   // never shows a cancelled request still active.
   active_ = slots_.size();
@@ -116,28 +123,12 @@ void BatchEngine::finish(size_t index, const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.cancelled;
   }
-  if (!cache_.k.empty()) {
-    if (slots_.empty()) {
-      cache_.k.clear();
-      cache_.v.clear();
-    } else {
-      std::vector<int64_t> keep;
-      for (int64_t i = 0; i < int64_t(slots_.size()) + 1; ++i)
-        if (i != int64_t(index))
-          keep.push_back(i);
-      auto rows = torch::tensor(keep, torch::kInt64).to(device_);
-      for (size_t l = 0; l < cache_.k.size(); ++l) {
-        cache_.k[l] = cache_.k[l].index_select(0, rows);
-        cache_.v[l] = cache_.v[l].index_select(0, rows);
-      }
-    }
-  }
   if (request->on_done)
     request->on_done(reason);
 }
 
-// Prefills the prompt on its own, samples the first token and adds the
-// request's keys and values as a new row of the batch cache.
+// Prefills the prompt on its own, samples the first token and copies the
+// request's keys and values into the next row of the batch cache.
 void BatchEngine::admit(std::shared_ptr<BatchRequest> r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -158,16 +149,31 @@ void BatchEngine::admit(std::shared_ptr<BatchRequest> r) {
   }
   auto slot = std::make_unique<Slot>();
   slot->request = r;
-  slot->gen = at::make_generator<at::CPUGeneratorImpl>(r->options.seed);
   torch::NoGradGuard no_grad;
-  models::KvCache kv;
+  const int64_t row = int64_t(slots_.size());
+  sampler_.add_row(r->options);
   try {
+    models::KvCache kv;
     auto ids =
         torch::tensor(r->prompt, torch::kInt64).view({1, -1}).to(device_);
     auto logits = model_->forward(ids, &kv);
-    slot->last =
-        sample_token(logits[0][logits.size(1) - 1], r->options, slot->gen);
+    if (cache_.k.empty() || cache_.rows() <= row) {
+      // Twice the rows (at most max_batch), the rows so far copied over.
+      const int64_t rows =
+          std::min(max_batch_, std::max<int64_t>(1, 2 * cache_.rows()));
+      auto grown = allocate_cache(kv, std::max(rows, row + 1), Tmax);
+      for (size_t l = 0; l < cache_.k.size(); ++l) {
+        grown.k[l].narrow(0, 0, row).copy_(cache_.k[l].narrow(0, 0, row));
+        grown.v[l].narrow(0, 0, row).copy_(cache_.v[l].narrow(0, 0, row));
+      }
+      cache_ = std::move(grown);
+      step_.reset();
+    }
+    copy_into_row(kv, cache_, row);
+    slot->last = sampler_.sample(logits.select(1, logits.size(1) - 1), row)
+                     .item<int64_t>();
   } catch (const std::exception& e) {
+    sampler_.remove_row(row);
     std::string what = e.what();
     if (r->on_done)
       r->on_done("error: " + what.substr(0, what.find('\n')));
@@ -175,21 +181,6 @@ void BatchEngine::admit(std::shared_ptr<BatchRequest> r) {
   }
   slot->length = int64_t(r->prompt.size());
   slot->generated = 1;
-  // The row: the prompt's keys and values, zero after them.
-  for (size_t l = 0; l < kv.k.size(); ++l) {
-    auto pad = [&](const torch::Tensor& t) {
-      auto row = torch::zeros({1, t.size(1), Tmax, t.size(3)}, t.options());
-      row.narrow(2, 0, t.size(2)).copy_(t);
-      return row;
-    };
-    if (cache_.k.size() < kv.k.size()) {
-      cache_.k.push_back(pad(kv.k[l]));
-      cache_.v.push_back(pad(kv.v[l]));
-    } else {
-      cache_.k[l] = torch::cat({cache_.k[l], pad(kv.k[l])}, 0);
-      cache_.v[l] = torch::cat({cache_.v[l], pad(kv.v[l])}, 0);
-    }
-  }
   slots_.push_back(std::move(slot));
   // The first token goes out now; the request may already be finished.
   const size_t i = slots_.size() - 1;
@@ -216,15 +207,19 @@ void BatchEngine::step() {
   torch::NoGradGuard no_grad;
   const int64_t B = int64_t(slots_.size());
   std::vector<int64_t> last, pos;
+  int64_t key_len = 0;
   for (const auto& s : slots_) {
     last.push_back(s->last);
     pos.push_back(s->length); // the fed token's position
+    key_len = std::max(key_len, s->length + 1);
   }
-  auto logits = model_->decode_batch(
+  auto logits = step_.run(
       torch::tensor(last, torch::kInt64).to(device_),
       torch::tensor(pos, torch::kInt64).to(device_),
-      cache_);
-  logits = logits.to(torch::kCPU);
+      cache_,
+      key_len);
+  // The host reads the tokens every step: they stream to the clients.
+  auto tokens = sampler_.sample(logits).to(torch::kCPU);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
@@ -236,7 +231,7 @@ void BatchEngine::step() {
     Slot& s = *slots_[size_t(b)];
     BatchRequest& r = *s.request;
     s.length += 1;
-    s.last = sample_token(logits[b], r.options, s.gen);
+    s.last = tokens[b].item<int64_t>();
     s.generated += 1;
     const auto& stops = r.options.stop_tokens;
     if (r.cancelled || (r.on_token && !r.on_token(s.last)))

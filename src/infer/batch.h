@@ -1,12 +1,15 @@
 // Serving many conversations at once: requests wait in a queue; a worker
 // thread prefills each new one on its own, then decodes every active
-// request together, one token per request per step (models/gpt.h's
-// decode_batch over a BatchKvCache), so N clients cost about one decode
-// step each, not N. A finished, stopped or cancelled request leaves the
-// batch at once; a waiting one joins at the next step.
+// request together, one token per request per step (a DecodeStep over a
+// KV cache of fixed rows, infer/decode_step.h: a replayed CUDA graph on
+// CUDA), so N clients cost about one decode step each, not N. A finished,
+// stopped or cancelled request leaves the batch at once (the last row
+// moves into its place); a waiting one joins at the next step.
 #pragma once
 
+#include "infer/decode_step.h"
 #include "infer/engine.h"
+#include "infer/sampling.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -71,7 +74,11 @@ class BatchEngine {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<BatchRequest>> queue_;
   std::vector<std::unique_ptr<Slot>> slots_; // worker thread only
-  models::BatchKvCache cache_;               // one row per slot
+  // Row i of the cache and of the sampler is slots_[i]'s; the cache's rows
+  // grow by doubling up to max_batch.
+  models::BatchKvCache cache_;
+  Sampler sampler_;
+  DecodeStep step_;
   std::atomic<size_t> active_{0};
   BatchStats stats_;
   bool stopping_ = false;

@@ -1,11 +1,12 @@
 #include "infer/engine.h"
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "data/shards.h"
+#include "infer/decode_step.h"
 #include "text/tokenizer_io.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -19,49 +20,102 @@ double now_s() {
 
 } // namespace
 
-int64_t sample_token(
-    const torch::Tensor& logits_in,
-    const SamplingOptions& opt,
-    torch::Generator& gen) {
-  auto logits = logits_in.to(torch::kCPU, torch::kFloat32).view({-1});
-  if (opt.temperature <= 0)
-    return logits.argmax().item<int64_t>();
-  logits = logits / opt.temperature;
-  if (opt.top_k > 0 && opt.top_k < logits.size(0)) {
-    auto kth = std::get<0>(logits.topk(opt.top_k)).min();
-    logits = logits.masked_fill(
-        logits < kth, -std::numeric_limits<float>::infinity());
+// A KV cache and the step that decodes over it, kept between calls so the
+// captured graphs are reused; grown (and the graphs recaptured) when a
+// call needs more rows or positions.
+struct Engine::Decoding {
+  explicit Decoding(std::shared_ptr<models::LanguageModel> model, bool graphs)
+      : step(std::move(model), graphs) {}
+  DecodeStep step;
+  models::BatchKvCache cache;
+  // A cache of at least `rows` x `capacity` like `prefilled`'s layers.
+  void ensure(const models::KvCache& prefilled, int64_t rows, int64_t capacity) {
+    if (!cache.k.empty() && cache.rows() >= rows &&
+        cache.k[0].size(2) >= capacity &&
+        cache.k[0].scalar_type() == prefilled.k[0].scalar_type())
+      return;
+    cache.k.clear();
+    cache.v.clear();
+    step.reset();
+    cache = allocate_cache(prefilled, rows, capacity);
   }
-  auto probs = torch::softmax(logits, -1);
-  if (opt.top_p < 1.0) {
-    auto [sorted, order] = probs.sort(-1, /*descending=*/true);
-    auto before =
-        sorted.cumsum(-1) - sorted; // mass of strictly likelier tokens
-    sorted = sorted.masked_fill(before >= opt.top_p, 0.0); // keeps at least one
-    probs = torch::zeros_like(probs).scatter(0, order, sorted);
-  }
-  return torch::multinomial(probs, 1, /*replacement=*/false, gen)
-      .item<int64_t>();
-}
-
-std::string sampling_problem(const SamplingOptions& o) {
-  if (o.temperature >= 0 && o.temperature <= kMaxTemperature && o.top_p > 0 &&
-      o.top_p <= 1 && o.top_k >= 0 && o.top_k <= kMaxTopK &&
-      o.max_new_tokens >= 1)
-    return "";
-  return "--temperature must be in [0, " +
-      std::to_string(int(kMaxTemperature)) +
-      "], --top-p in (0, 1], --top-k in [0, " + std::to_string(kMaxTopK) +
-      "] and --max-new-tokens >= 1.";
-}
+};
 
 Engine::Engine(
     std::shared_ptr<models::LanguageModel> model,
-    torch::Device device)
+    torch::Device device,
+    bool graphs)
     : model_(std::move(model)), device_(device) {
   model_->to(device_);
   model_->eval();
+  single_ = std::make_unique<Decoding>(model_, graphs);
+  batch_ = std::make_unique<Decoding>(model_, graphs);
 }
+
+Engine::~Engine() = default;
+
+bool Engine::uses_graphs() const {
+  return single_->step.uses_graphs() && single_->step.captured() > 0;
+}
+
+namespace {
+
+// Positions a cache must hold for `length` tokens, in whole buckets, at
+// most the model's limit.
+int64_t cache_capacity(int64_t length, int64_t max_len) {
+  return std::min(
+      max_len, (length + kKeyBucket - 1) / kKeyBucket * kKeyBucket);
+}
+
+torch::Tensor id_tensor(
+    const std::vector<int64_t>& v,
+    size_t from,
+    const torch::Device& device) {
+  return torch::tensor(
+             std::vector<int64_t>(v.begin() + int64_t(from), v.end()),
+             torch::kInt64)
+      .view({1, -1})
+      .to(device);
+}
+
+void check_prompt(const std::vector<int64_t>& prompt, int64_t max_len) {
+  if (prompt.empty())
+    throw UserError("the prompt is empty.");
+  if (int64_t(prompt.size()) >= max_len)
+    throw UserError(
+        "the prompt is " + std::to_string(prompt.size()) +
+        " tokens; the model reads at most " + std::to_string(max_len) +
+        ". Shorten it.");
+}
+
+bool is_stop(const SamplingOptions& opt, int64_t id) {
+  return std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) !=
+      opt.stop_tokens.end();
+}
+
+// The recompute-everything reference: no cache, the CPU sampler.
+std::vector<int64_t> generate_without_cache(
+    models::LanguageModel& model,
+    const torch::Device& device,
+    const std::vector<int64_t>& prompt,
+    const SamplingOptions& opt,
+    const std::function<bool(int64_t)>& on_token) {
+  auto gen = make_generator(torch::Device(torch::kCPU), opt.seed);
+  std::vector<int64_t> seq = prompt, out;
+  const int64_t max_len = model.max_seq_len();
+  while (int64_t(out.size()) < opt.max_new_tokens &&
+         int64_t(seq.size()) < max_len) {
+    auto logits = model.forward(id_tensor(seq, 0, device));
+    int64_t next = sample_token(logits[0][logits.size(1) - 1], opt, gen);
+    seq.push_back(next);
+    out.push_back(next);
+    if ((on_token && !on_token(next)) || is_stop(opt, next))
+      break;
+  }
+  return out;
+}
+
+} // namespace
 
 std::vector<int64_t> Engine::generate(
     const std::vector<int64_t>& prompt,
@@ -69,47 +123,169 @@ std::vector<int64_t> Engine::generate(
     const std::function<bool(int64_t)>& on_token,
     bool use_cache,
     GenerationStats* stats) {
-  if (prompt.empty())
-    throw UserError("the prompt is empty.");
   const int64_t max_len = model_->max_seq_len();
-  if (int64_t(prompt.size()) >= max_len)
-    throw UserError(
-        "the prompt is " + std::to_string(prompt.size()) +
-        " tokens; the model reads at most " + std::to_string(max_len) +
-        ". Shorten it.");
+  check_prompt(prompt, max_len);
   torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
-  std::vector<int64_t> seq = prompt, out;
-  models::KvCache cache;
-  auto ids = [&](const std::vector<int64_t>& v, size_t from) {
-    return torch::tensor(
-               std::vector<int64_t>(v.begin() + from, v.end()), torch::kInt64)
-        .view({1, -1})
-        .to(device_);
-  };
+  if (!use_cache)
+    return generate_without_cache(*model_, device_, prompt, opt, on_token);
+  const int64_t P = int64_t(prompt.size());
+  const int64_t most = std::min(opt.max_new_tokens, max_len - P);
+  Sampler sampler(device_);
+  sampler.add_row(opt);
   double t0 = now_s();
-  torch::Tensor logits = use_cache ? model_->forward(ids(seq, 0), &cache)
-                                   : model_->forward(ids(seq, 0));
+  models::KvCache kv;
+  auto logits = model_->forward(id_tensor(prompt, 0, device_), &kv);
+  auto next = sampler.sample(logits.select(1, P - 1)); // (1)
+  Decoding& d = *single_;
+  d.ensure(kv, 1, cache_capacity(P + most, max_len));
+  copy_into_row(kv, d.cache, 0);
+  kv = {};
+  compat::synchronize(device_);
   double t1 = now_s();
-  while (int64_t(out.size()) < opt.max_new_tokens &&
-         int64_t(seq.size()) < max_len) {
-    int64_t next = sample_token(logits[0][logits.size(1) - 1], opt, gen);
-    seq.push_back(next);
-    out.push_back(next);
-    bool keep_going = !on_token || on_token(next);
-    if (!keep_going ||
-        std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), next) !=
-            opt.stop_tokens.end())
+  // The tokens made but not yet read by the host; read every `chunk`.
+  std::vector<torch::Tensor> pending = {next};
+  const size_t chunk = on_token ? 4 : 32;
+  std::vector<int64_t> out;
+  bool stopped = false;
+  auto read_pending = [&] {
+    auto ids = torch::cat(pending).to(torch::kCPU);
+    pending.clear();
+    for (int64_t i = 0; i < ids.size(0) && !stopped; ++i) {
+      const int64_t id = ids[i].item<int64_t>();
+      out.push_back(id);
+      stopped = (on_token && !on_token(id)) || is_stop(opt, id);
+    }
+  };
+  auto pos = torch::full(
+      {1}, P, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  for (int64_t made = 1; !stopped;) {
+    if (made >= most) {
+      read_pending();
       break;
-    if (int64_t(out.size()) >= opt.max_new_tokens ||
-        int64_t(seq.size()) >= max_len)
-      break;
-    logits = use_cache ? model_->forward(ids(seq, seq.size() - 1), &cache)
-                       : model_->forward(ids(seq, 0));
+    }
+    // The newest token is at position P + made - 1.
+    logits = d.step.run(next, pos, d.cache, P + made);
+    next = sampler.sample(logits);
+    pos.add_(1);
+    pending.push_back(next);
+    ++made;
+    if (pending.size() >= chunk)
+      read_pending();
   }
   if (stats) {
-    stats->prompt_tokens = int64_t(prompt.size());
+    stats->prompt_tokens = P;
     stats->new_tokens = int64_t(out.size());
+    stats->prefill_seconds = t1 - t0;
+    stats->decode_seconds = now_s() - t1;
+  }
+  return out;
+}
+
+BatchGeneration Engine::generate_batch(
+    const std::vector<std::vector<int64_t>>& prompts,
+    int64_t samples,
+    const SamplingOptions& opt,
+    GenerationStats* stats) {
+  const int64_t max_len = model_->max_seq_len();
+  if (prompts.empty() || samples < 1)
+    throw UserError("generate_batch needs at least one prompt and sample.");
+  int64_t longest = 0, prompt_tokens = 0;
+  for (const auto& p : prompts) {
+    check_prompt(p, max_len);
+    longest = std::max<int64_t>(longest, int64_t(p.size()));
+    prompt_tokens += int64_t(p.size());
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t N = int64_t(prompts.size()), R = N * samples;
+  const int64_t capacity =
+      cache_capacity(longest + opt.max_new_tokens, max_len);
+  // Row r may make at most limit[r] tokens.
+  std::vector<int64_t> limit(static_cast<size_t>(R), 0),
+      start(static_cast<size_t>(R), 0);
+  Sampler sampler(device_);
+  for (int64_t r = 0; r < R; ++r) {
+    SamplingOptions o = opt;
+    o.seed = opt.seed + uint64_t(r);
+    sampler.add_row(o);
+    const int64_t P = int64_t(prompts[size_t(r / samples)].size());
+    start[size_t(r)] = P;
+    limit[size_t(r)] = std::min(opt.max_new_tokens, max_len - P);
+  }
+  double t0 = now_s();
+  Decoding& d = *batch_;
+  std::vector<torch::Tensor> first_ids, first_lps;
+  for (int64_t i = 0; i < N; ++i) {
+    const auto& p = prompts[size_t(i)];
+    models::KvCache kv;
+    auto logits = model_->forward(id_tensor(p, 0, device_), &kv);
+    if (i == 0)
+      d.ensure(kv, R, capacity);
+    for (int64_t j = 0; j < samples; ++j)
+      copy_into_row(kv, d.cache, i * samples + j);
+    auto last = logits.select(1, int64_t(p.size()) - 1)
+                    .expand({samples, logits.size(2)});
+    torch::Tensor lp;
+    first_ids.push_back(sampler.sample(last, i * samples, &lp));
+    first_lps.push_back(lp);
+  }
+  auto next = torch::cat(first_ids);
+  std::vector<torch::Tensor> ids = {next}, lps = {torch::cat(first_lps)};
+  compat::synchronize(device_);
+  double t1 = now_s();
+  auto pos = torch::tensor(start, torch::kInt64).to(device_);
+  const int64_t most = *std::max_element(limit.begin(), limit.end());
+  // Which rows are finished, as far as the host has read.
+  std::vector<char> done(size_t(R), 0);
+  std::vector<int64_t> read(size_t(R), 0); // tokens checked per row
+  auto all_done = [&] {
+    auto got = torch::stack(ids, 1).to(torch::kCPU); // (R, steps)
+    bool all = true;
+    for (int64_t r = 0; r < R; ++r) {
+      auto& k = read[size_t(r)];
+      for (; !done[size_t(r)] && k < got.size(1); ++k)
+        if (k + 1 >= limit[size_t(r)] || is_stop(opt, got[r][k].item<int64_t>()))
+          done[size_t(r)] = 1;
+      all = all && done[size_t(r)];
+    }
+    return all;
+  };
+  for (int64_t made = 1; made < most; ++made) {
+    if (made % 16 == 0 && all_done())
+      break;
+    // Rows past their own limit keep decoding at their last position (their
+    // tokens are dropped below).
+    auto logits = d.step.run(next, pos, d.cache, longest + made);
+    torch::Tensor lp;
+    next = sampler.sample(logits, 0, &lp);
+    pos.add_(1).clamp_max_(capacity - 1);
+    ids.push_back(next);
+    lps.push_back(lp);
+  }
+  auto all_ids = torch::stack(ids, 1).to(torch::kCPU);
+  auto all_lps = torch::stack(lps, 1).to(torch::kCPU, torch::kFloat32);
+  BatchGeneration out;
+  int64_t made_total = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<int64_t> toks;
+    std::vector<float> row_lps;
+    std::string finish = "length";
+    for (int64_t k = 0; k < std::min(all_ids.size(1), limit[size_t(r)]); ++k) {
+      const int64_t id = all_ids[r][k].item<int64_t>();
+      toks.push_back(id);
+      row_lps.push_back(all_lps[r][k].item<float>());
+      if (is_stop(opt, id)) {
+        finish = "stop";
+        break;
+      }
+    }
+    made_total += int64_t(toks.size());
+    out.tokens.push_back(std::move(toks));
+    out.logprobs.push_back(std::move(row_lps));
+    out.finish.push_back(finish);
+  }
+  if (stats) {
+    stats->prompt_tokens = prompt_tokens;
+    stats->new_tokens = made_total;
     stats->prefill_seconds = t1 - t0;
     stats->decode_seconds = now_s() - t1;
   }

@@ -1,9 +1,10 @@
 // Generation: prefill the prompt, then decode one token at a time with the
-// KV cache, sampling with temperature, top-k and top-p from a seeded
-// generator. Sampling runs on the CPU in float32, so the same seed gives
-// the same text on every device. The engine knows nothing about tokenizers.
+// KV cache (infer/decode_step.h), sampling with temperature, top-k and
+// top-p from a seeded generator (infer/sampling.h). The engine knows
+// nothing about tokenizers.
 #pragma once
 
+#include "infer/sampling.h"
 #include "models/language_model.h"
 #include "runs/load.h"
 
@@ -15,47 +16,46 @@
 
 namespace orchard::infer {
 
-struct SamplingOptions {
-  int64_t max_new_tokens = 128;
-  double temperature = 0.8; // 0: greedy
-  int64_t top_k = 50;       // 0: off
-  double top_p = 1.0;       // 1: off
-  uint64_t seed = 42;
-  std::vector<int64_t> stop_tokens; // generation ends after one of these
-};
-
-// The ranges every caller accepts (generate, chat, serve): temperature in
-// [0, kMaxTemperature] (OpenAI's), top_p in (0, 1], top_k >= 0 (0: off), at
-// least one new token.
-constexpr double kMaxTemperature = 2.0;
-constexpr int64_t kMaxTopK = int64_t(1) << 20;
-
-// "" when `opt` is within those ranges, else what is wrong, in the
-// command line's flag names (the server reports its own field names).
-std::string sampling_problem(const SamplingOptions& opt);
-
 struct GenerationStats {
   int64_t prompt_tokens = 0, new_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   double decode_tokens_per_s() const {
     return decode_seconds > 0 ? double(new_tokens) / decode_seconds : 0;
   }
+  double prefill_tokens_per_s() const {
+    return prefill_seconds > 0 ? double(prompt_tokens) / prefill_seconds : 0;
+  }
 };
 
-// Index of the next token from float logits (V,), per the options.
-int64_t sample_token(
-    const torch::Tensor& logits,
-    const SamplingOptions& opt,
-    torch::Generator& gen);
+// B sequences generated together (Engine::generate_batch): row r holds
+// prompt r / samples, sample r % samples.
+struct BatchGeneration {
+  std::vector<std::vector<int64_t>> tokens; // the new tokens of each row
+  // log p(token | everything before it) under the model, per new token
+  // (log_softmax of the logits before temperature and truncation).
+  std::vector<std::vector<float>> logprobs;
+  std::vector<std::string> finish; // "stop" (a stop token) or "length"
+};
 
+// Generation for one caller at a time: the prompt is prefilled in one
+// forward pass, then each new token is one DecodeStep (a replayed CUDA
+// graph on CUDA) over a KV cache kept between calls, sampled where
+// SamplingOptions::sampling_device says; the host reads the new tokens in
+// chunks (every few tokens when they are streamed to `on_token`).
 class Engine {
  public:
-  Engine(std::shared_ptr<models::LanguageModel> model, torch::Device device);
+  // `graphs`: replay CUDA graphs where the build and device allow.
+  Engine(
+      std::shared_ptr<models::LanguageModel> model,
+      torch::Device device,
+      bool graphs = true);
+  ~Engine();
 
   // New token ids after `prompt`; `on_token` sees each as it is made (and
   // may return false to stop). Stops at max_new_tokens, a stop token, or
   // the model's max_seq_len. `use_cache=false` recomputes the whole
-  // sequence each step (the reference the cache is tested against).
+  // sequence each step with the CPU sampler (the reference the cached
+  // path is tested against).
   std::vector<int64_t> generate(
       const std::vector<int64_t>& prompt,
       const SamplingOptions& opt,
@@ -63,13 +63,27 @@ class Engine {
       bool use_cache = true,
       GenerationStats* stats = nullptr);
 
+  // `samples` continuations of each prompt, all decoded together (prompts
+  // of different lengths at their own positions); row r is sampled with
+  // seed opt.seed + r, so it equals generate(prompt, opt with that seed)
+  // up to the rounding of batched products. For GRPO's rollouts.
+  BatchGeneration generate_batch(
+      const std::vector<std::vector<int64_t>>& prompts,
+      int64_t samples,
+      const SamplingOptions& opt,
+      GenerationStats* stats = nullptr);
+
   const std::shared_ptr<models::LanguageModel>& model() const {
     return model_;
   }
+  // Whether decoding replays CUDA graphs (after the first call).
+  bool uses_graphs() const;
 
  private:
+  struct Decoding;
   std::shared_ptr<models::LanguageModel> model_;
   torch::Device device_;
+  std::unique_ptr<Decoding> single_, batch_; // caches and captured steps
 };
 
 // Continuations of the first `prompt_tokens` tokens of the first `count`

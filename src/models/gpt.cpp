@@ -136,7 +136,7 @@ torch::Tensor CausalSelfAttentionImpl::decode(
     torch::Tensor& cache_k,
     torch::Tensor& cache_v,
     const torch::Tensor& pos,
-    const torch::Tensor& visible) {
+    int64_t key_len) {
   const int64_t B = x.size(0);
   auto q = c_q(x).view({B, 1, n_head, head_dim});
   auto k = c_k(x).view({B, 1, n_kv_head, head_dim});
@@ -159,18 +159,8 @@ torch::Tensor CausalSelfAttentionImpl::decode(
   cache_v.index_put_(
       {rows, Slice(), pos},
       v.view({B, n_kv_head, head_dim}).to(cache_v.dtype()));
-  auto keys = cache_k, values = cache_v;
-  if (n_kv_head != n_head) {
-    keys = keys.repeat_interleave(n_head / n_kv_head, 1);
-    values = values.repeat_interleave(n_head / n_kv_head, 1);
-  }
-  auto scores = torch::matmul(q, keys.transpose(-2, -1).to(q.dtype())) /
-      std::sqrt(double(head_dim)); // (B, H, 1, Tmax)
-  scores = scores.masked_fill(
-      visible.logical_not(), -std::numeric_limits<float>::infinity());
-  auto y = torch::matmul(torch::softmax(scores, -1), values.to(q.dtype()));
-  y = y.transpose(1, 2).contiguous().view({B, 1, n_head * head_dim});
-  return c_proj(y);
+  auto y = ops::decode_attention(q, cache_k, cache_v, pos, key_len);
+  return c_proj(y.view({B, 1, n_head * head_dim}));
 }
 
 MlpImpl::MlpImpl(const GptConfig& c) {
@@ -317,20 +307,18 @@ torch::Tensor GptImpl::loss(
 torch::Tensor GptImpl::decode_batch(
     const torch::Tensor& idx,
     const torch::Tensor& pos,
-    BatchKvCache& cache) {
-  const int64_t B = idx.size(0), Tmax = config.max_seq_len;
+    BatchKvCache& cache,
+    int64_t key_len) {
+  const int64_t B = idx.size(0);
   if (cache.k.empty())
     throw std::invalid_argument("[decode_batch] empty cache");
   auto cos = rope_cos.index_select(0, pos), sin = rope_sin.index_select(0, pos);
-  auto visible =
-      (torch::arange(Tmax, pos.options()).view({1, Tmax}) <= pos.view({B, 1}))
-          .view({B, 1, 1, Tmax});
   auto x = rms_norm(wte(idx.view({B, 1}))); // (B, 1, C)
   for (int64_t i = 0; i < config.n_layer; ++i) {
     auto* block = blocks[i]->as<BlockImpl>();
     x = x +
         block->attn->decode(
-            rms_norm(x), cos, sin, cache.k[i], cache.v[i], pos, visible);
+            rms_norm(x), cos, sin, cache.k[i], cache.v[i], pos, key_len);
     x = x + block->mlp(rms_norm(x));
   }
   auto logits = lm_head(rms_norm(x)).view({B, -1});

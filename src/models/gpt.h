@@ -73,7 +73,8 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   // One new token per row at its own position (batched decoding): x
   // (B, 1, C), cos/sin (B, D/2); the row's keys and values are written
   // into cache_k/cache_v (B, Hkv, Tmax, D) at `pos` (B), and attention
-  // reads positions 0..pos of each row (`visible`: (B, 1, 1, Tmax)).
+  // reads positions 0..pos of each row, within the first key_len
+  // (ops::decode_attention).
   torch::Tensor decode(
       const torch::Tensor& x,
       const torch::Tensor& cos,
@@ -81,7 +82,7 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
       torch::Tensor& cache_k,
       torch::Tensor& cache_v,
       const torch::Tensor& pos,
-      const torch::Tensor& visible);
+      int64_t key_len);
   int64_t n_head, n_kv_head, head_dim;
   Proj c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
 };
@@ -120,7 +121,8 @@ struct GptImpl : AdaptableModel {
   torch::Tensor decode_batch(
       const torch::Tensor& idx,
       const torch::Tensor& pos,
-      BatchKvCache& cache) override;
+      BatchKvCache& cache,
+      int64_t key_len = 0) override;
   // Mean cross-entropy over targets != -1 (ignored positions).
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
       override;

@@ -37,15 +37,26 @@ class LanguageModel : public torch::nn::Module {
       KvCache* cache = nullptr) = 0;
   // Logits (B, V) of the token `idx` (B) at position `pos` (B) of each row,
   // whose earlier keys and values are in `cache` (extended in place).
-  // Equals forward() with a KvCache row by row.
+  // Equals forward() with a KvCache row by row. Attention reads the first
+  // `key_len` positions of the cache (0: all; the caller keeps it above
+  // every pos). Fixed shapes and no host synchronisation, so a CUDA graph
+  // can capture it (infer/decode_step.h).
   virtual torch::Tensor decode_batch(
       const torch::Tensor& idx,
       const torch::Tensor& pos,
-      BatchKvCache& cache) = 0;
+      BatchKvCache& cache,
+      int64_t key_len = 0) = 0;
   // Mean cross-entropy over targets != -1 (ignored positions).
   virtual torch::Tensor loss(
       const torch::Tensor& idx,
       const torch::Tensor& targets) = 0;
+  // Readies a loaded model for generation only (adapters merged into the
+  // weights, projections fused): numbers stay those of forward(), within
+  // rounding; training it afterwards is not supported. Returns how many
+  // adapters were merged.
+  virtual int64_t prepare_inference() {
+    return 0;
+  }
   // The longest sequence generation may build (prompt + new tokens).
   virtual int64_t max_seq_len() const = 0;
   virtual int64_t vocab_size() const = 0;

@@ -85,11 +85,31 @@ torch::Tensor ProjImpl::merged_weight() const {
   auto w = full_weight();
   if (!has_lora())
     return w;
-  auto delta = torch::matmul(
-                   lora_B->weight.to(torch::kFloat32),
-                   lora_A->weight.to(torch::kFloat32)) *
-      scaling;
-  return (w.to(torch::kFloat32) + delta.to(w.device())).to(w.scalar_type());
+  // float32 at least (float64 for a float64 weight).
+  const auto acc = w.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                      : torch::kFloat32;
+  auto delta =
+      torch::matmul(lora_B->weight.to(acc), lora_A->weight.to(acc)) * scaling;
+  return (w.to(acc) + delta.to(w.device())).to(w.scalar_type());
+}
+
+bool ProjImpl::merge_lora() {
+  if (!has_lora() || q4.defined())
+    return false;
+  torch::NoGradGuard no_grad;
+  weight.set_data(merged_weight());
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  lora_A = nullptr;
+  lora_B = nullptr;
+  return true;
+}
+
+int64_t AdaptableModel::prepare_inference() {
+  int64_t merged = 0;
+  for (auto& [name, proj] : projections())
+    merged += proj->merge_lora();
+  return merged;
 }
 
 int64_t AdaptableModel::add_lora(

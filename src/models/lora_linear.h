@@ -74,6 +74,11 @@ struct ProjImpl : torch::nn::Module {
   }
   // W + scaling * B A in W's dtype (the merged weight).
   torch::Tensor merged_weight() const;
+  // Folds the adapter into the weight (W := merged_weight()) and drops it,
+  // for inference: an adapter then costs nothing per token. A 4-bit weight
+  // keeps its adapter (its codes cannot take the sum). Returns whether it
+  // merged.
+  bool merge_lora();
   // Replaces the weight by its 4-bit NF4 codes (models/nf4.h): `weight`
   // becomes empty, products expand the codes as they go.
   void quantize_4bit();
@@ -98,6 +103,9 @@ class AdaptableModel : public LanguageModel {
   // path's last part) is in spec.target_modules and freezes every other
   // parameter. Returns how many were added; UserError when none matched.
   virtual int64_t add_lora(const LoraSpec& spec, torch::ScalarType dtype);
+  // For generation only: adapters folded into the weights where they can
+  // be (ProjImpl::merge_lora). Returns how many were merged.
+  int64_t prepare_inference() override;
 };
 
 } // namespace orchard::models

@@ -59,4 +59,34 @@ torch::Tensor causal_attention(
   return explicit_attention(q, k, v, window);
 }
 
+torch::Tensor decode_attention(
+    const torch::Tensor& q,
+    const torch::Tensor& cache_k,
+    const torch::Tensor& cache_v,
+    const torch::Tensor& pos,
+    int64_t key_len,
+    int64_t window) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+  const int64_t Hkv = cache_k.size(1), G = H / Hkv;
+  const int64_t L = key_len > 0 ? std::min(key_len, cache_k.size(2))
+                                : cache_k.size(2);
+  const auto acc =
+      q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto k = cache_k.narrow(2, 0, L), v = cache_v.narrow(2, 0, L);
+  // (B, Hkv, G, D) x (B, Hkv, D, L): query head h reads kv head h / G.
+  auto scores = torch::matmul(
+      q.reshape({B, Hkv, G, D}).to(acc), k.transpose(-2, -1).to(acc));
+  scores.mul_(1.0 / std::sqrt(double(D)));
+  auto key_pos = torch::arange(L, pos.options()).view({1, L});
+  auto hidden = key_pos > pos.view({B, 1});
+  if (window > 0)
+    hidden = hidden.logical_or(key_pos <= pos.view({B, 1}) - window);
+  scores.masked_fill_(
+      hidden.view({B, 1, 1, L}), -std::numeric_limits<double>::infinity());
+  auto y = torch::matmul(
+      torch::softmax(scores, -1).to(q.scalar_type()),
+      v.to(q.scalar_type())); // (B, Hkv, G, D)
+  return y.reshape({B, H * D});
+}
+
 } // namespace orchard::ops

@@ -41,4 +41,20 @@ torch::Tensor causal_attention(
     const torch::Tensor& v,
     int64_t window = 0);
 
+// One new query per row over a fixed-size cache (batched decoding):
+// q (B, H, 1, D); cache_k, cache_v (B, Hkv, Tmax, D) whose row b holds keys
+// up to position pos[b]. Reads only the first `key_len` positions of the
+// cache (0: all of them; the caller keeps key_len > max(pos)) and no
+// position after pos[b] (nor, with a window W > 0, at or before
+// pos[b] - W). The Hkv heads are shared by groups of H / Hkv query heads
+// without copying the cache. Scores and softmax in float32 at least.
+// Returns (B, H * D). No host synchronisation: CUDA graphs may capture it.
+torch::Tensor decode_attention(
+    const torch::Tensor& q,
+    const torch::Tensor& cache_k,
+    const torch::Tensor& cache_v,
+    const torch::Tensor& pos,
+    int64_t key_len = 0,
+    int64_t window = 0);
+
 } // namespace orchard::ops

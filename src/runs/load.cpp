@@ -87,6 +87,7 @@ LoadedModel load_model(const ModelSource& source, const DeviceInfo& device) {
     TrainedGpt t = load_gpt(path);
     t.model->to(device.device);
     t.model->eval();
+    t.model->prepare_inference();
     LoadedModel out =
         loaded_from(t.model.ptr(), t.tokenizer_dir, source.chat_template);
     out.checkpoint_dir = t.checkpoint_dir;
@@ -108,6 +109,9 @@ LoadedModel load_model(const ModelSource& source, const DeviceInfo& device) {
     models::load_adapter(model, adapter, torch::kFloat32);
   }
   model->eval();
+  // For generation only: the adapter folded into the weights (no cost per
+  // token), q/k/v and gate/up stacked.
+  model->prepare_inference();
   LoadedModel out =
       loaded_from(model.ptr(), source.model_dir, source.chat_template);
   out.checkpoint_dir = source.model_dir;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace orchard::ops {
 namespace {
 
@@ -52,6 +54,53 @@ TEST(Attention, SlidingWindowHidesWhatTransformersHides) {
       explicit_attention(q, k, v, 2),
       1e-4,
       1e-5));
+}
+
+// Decoding attention (one query per row over a fixed cache, grouped
+// heads, a key_len bound and a window) equals explicit_attention on each
+// row's own filled keys, the kv heads repeated.
+TEST(Attention, DecodeReadsEachRowsKeysOnly) {
+  torch::manual_seed(6);
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available())
+    devices.push_back(torch::Device(torch::kCUDA, 0));
+  const int64_t B = 3, H = 4, Hkv = 2, D = 8, Tmax = 20;
+  auto ck = torch::randn({B, Hkv, Tmax, D}, torch::kFloat64);
+  auto cv = torch::randn({B, Hkv, Tmax, D}, torch::kFloat64);
+  auto q = torch::randn({B, H, 1, D}, torch::kFloat64);
+  std::vector<int64_t> pos = {0, 5, 11};
+  for (auto dev : devices)
+    for (int64_t window : {0, 3})
+      for (int64_t key_len : {0, 12}) {
+        auto got = decode_attention(
+                       q.to(dev),
+                       ck.to(dev),
+                       cv.to(dev),
+                       torch::tensor(pos, torch::kInt64).to(dev),
+                       key_len,
+                       window)
+                       .to(torch::kCPU);
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t T = pos[size_t(b)] + 1;
+          auto k = ck[b].narrow(1, 0, T).repeat_interleave(H / Hkv, 0);
+          auto v = cv[b].narrow(1, 0, T).repeat_interleave(H / Hkv, 0);
+          auto want = explicit_attention(
+              q[b].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), window);
+          EXPECT_LT(
+              (got[b] - want.reshape({H * D})).abs().max().item<double>(),
+              1e-12)
+              << dev << " row " << b << " window " << window << " key_len "
+              << key_len;
+        }
+      }
+  // Positions past key_len are never read: NaN values there change
+  // nothing (and would, read with weight 0: 0 * NaN is NaN).
+  auto dirty = cv.clone();
+  dirty.narrow(2, 12, Tmax - 12).fill_(std::nan(""));
+  auto p = torch::tensor(pos, torch::kInt64);
+  EXPECT_TRUE(torch::equal(
+      decode_attention(q, ck, dirty, p, 12), decode_attention(q, ck, cv, p, 12)));
+  EXPECT_TRUE(decode_attention(q, ck, dirty, p, 0).isnan().any().item<bool>());
 }
 
 } // namespace

@@ -289,6 +289,8 @@ class LayerProjections {
           (half && p->has_lora() && p->lora_A->weight.scalar_type() != dtype);
     if (fused_)
       ad_ = cast_adapters(ps_, dtype);
+    stacked_[0] = {a.qkv_weight, a.qkv_bias};
+    stacked_[4] = {m.gate_up_weight, m.gate_up_bias};
   }
 
   // {0, 1, 2}: q, k, v of one input; {3}: o; {4, 5}: gate, up; {6}: down.
@@ -297,12 +299,22 @@ class LayerProjections {
       std::initializer_list<int> idx) const {
     std::vector<torch::Tensor> ys;
     auto h2 = h.reshape({-1, h.size(-1)});
+    const int first = *idx.begin();
+    if (idx.size() > 1 && stacked_[size_t(first)].first.defined()) {
+      // prepare_inference()'s stacked weights: one product, split.
+      const auto& [w, b] = stacked_[size_t(first)];
+      auto y = b.defined() ? at::addmm(b, h2, w.t()) : at::mm(h2, w.t());
+      std::vector<int64_t> sizes;
+      for (int k : idx)
+        sizes.push_back(ps_[size_t(k)]->out_features);
+      auto parts = y.split_with_sizes(sizes, 1);
+      return std::vector<torch::Tensor>(parts.begin(), parts.end());
+    }
     if (!fused_) {
       for (int k : idx)
         ys.push_back(ps_[size_t(k)]->forward(h2));
       return ys;
     }
-    const int first = *idx.begin();
     const auto& fusedA = first == 0 ? ad_.A_qkv
         : first == 4                ? ad_.A_gate_up
                                     : torch::Tensor();
@@ -326,6 +338,7 @@ class LayerProjections {
 
  private:
   std::array<ProjImpl*, 7> ps_{};
+  std::array<std::pair<torch::Tensor, torch::Tensor>, 7> stacked_{};
   LayerAdapters ad_;
   bool fused_ = false, training_ = false;
 };
@@ -465,16 +478,11 @@ torch::Tensor LlamaImpl::loss(
 torch::Tensor LlamaImpl::decode_batch(
     const torch::Tensor& idx,
     const torch::Tensor& pos,
-    BatchKvCache& cache) {
-  const int64_t B = idx.size(0), Tmax = context_;
+    BatchKvCache& cache,
+    int64_t key_len) {
+  const int64_t B = idx.size(0);
   if (cache.k.empty())
     throw std::invalid_argument("[decode_batch] empty cache");
-  auto key_pos = torch::arange(Tmax, pos.options()).view({1, Tmax});
-  auto visible = key_pos <= pos.view({B, 1});
-  if (config.sliding_window) // Mistral: only the last sliding_window keys
-    visible = visible.logical_and(
-        key_pos > pos.view({B, 1}) - *config.sliding_window);
-  visible = visible.view({B, 1, 1, Tmax});
   auto x = F::embedding(idx.view({B, 1}), model->embed_tokens->weight);
   const auto [cos_all, sin_all] = rope_tables(x.scalar_type());
   auto c = cos_all.index_select(0, pos).view({B, 1, 1, -1});
@@ -499,21 +507,8 @@ torch::Tensor LlamaImpl::decode_batch(
     cv.index_put_(
         {rows, Slice(), pos},
         v.reshape({B, a.n_kv_head, a.head_dim}).to(cv.scalar_type()));
-    auto keys = ck, values = cv;
-    if (a.n_kv_head != a.n_head) {
-      keys = keys.repeat_interleave(a.n_head / a.n_kv_head, 1);
-      values = values.repeat_interleave(a.n_head / a.n_kv_head, 1);
-    }
-    const auto acc =
-        q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    auto scores = torch::matmul(q.to(acc), keys.transpose(-2, -1).to(acc)) /
-        std::sqrt(double(a.head_dim)); // (B, H, 1, Tmax)
-    scores = scores.masked_fill(
-        visible.logical_not(), -std::numeric_limits<float>::infinity());
-    auto y = torch::matmul(
-        torch::softmax(scores, -1).to(q.scalar_type()),
-        values.to(q.scalar_type()));
-    y = y.transpose(1, 2).reshape({B, 1, a.n_head * a.head_dim});
+    auto y = ops::decode_attention(
+        q, ck, cv, pos, key_len, config.sliding_window.value_or(0));
     x = x + run(y, {3})[0].view({B, 1, -1});
     h = layer->post_attention_layernorm(x);
     auto gu = run(h, {4, 5});
@@ -524,6 +519,49 @@ torch::Tensor LlamaImpl::decode_batch(
   logits = logits.view({B, -1});
   return logits.scalar_type() == torch::kFloat64 ? logits
                                                  : logits.to(torch::kFloat32);
+}
+
+int64_t LlamaImpl::prepare_inference() {
+  const int64_t merged = AdaptableModel::prepare_inference();
+  torch::NoGradGuard no_grad;
+  // The stacked matrix, and each projection's weight (and bias) made a
+  // view of its rows.
+  auto stack = [](const std::vector<ProjImpl*>& ps,
+                  torch::Tensor& weight,
+                  torch::Tensor& bias) {
+    for (auto* p : ps)
+      if (p->has_lora() || p->q4.defined() ||
+          p->bias.defined() != ps[0]->bias.defined())
+        return;
+    std::vector<torch::Tensor> ws, bs;
+    for (auto* p : ps) {
+      ws.push_back(p->weight.detach());
+      if (p->bias.defined())
+        bs.push_back(p->bias.detach());
+    }
+    weight = torch::cat(ws, 0);
+    if (!bs.empty())
+      bias = torch::cat(bs, 0);
+    int64_t row = 0;
+    for (auto* p : ps) {
+      const int64_t n = p->out_features;
+      p->weight.set_data(weight.narrow(0, row, n));
+      if (bias.defined())
+        p->bias.set_data(bias.narrow(0, row, n));
+      row += n;
+    }
+  };
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    auto* layer = model->layers[i]->as<LlamaLayerImpl>();
+    auto& a = *layer->self_attn;
+    auto& m = *layer->mlp;
+    stack(
+        {a.q_proj.get(), a.k_proj.get(), a.v_proj.get()},
+        a.qkv_weight,
+        a.qkv_bias);
+    stack({m.gate_proj.get(), m.up_proj.get()}, m.gate_up_weight, m.gate_up_bias);
+  }
+  return merged;
 }
 
 std::vector<std::pair<std::string, Proj>> LlamaImpl::projections() const {
@@ -545,6 +583,12 @@ std::vector<std::pair<std::string, Proj>> LlamaImpl::projections() const {
 }
 
 int64_t LlamaImpl::add_lora(const LoraSpec& spec, torch::ScalarType dtype) {
+  // The stacked products (prepare_inference) would skip the adapters.
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    auto* layer = model->layers[i]->as<LlamaLayerImpl>();
+    layer->self_attn->qkv_weight = layer->self_attn->qkv_bias = torch::Tensor();
+    layer->mlp->gate_up_weight = layer->mlp->gate_up_bias = torch::Tensor();
+  }
   LoraSpec named = spec;
   named.target_modules = normalize_target_modules(spec.target_modules);
   return AdaptableModel::add_lora(named, dtype);

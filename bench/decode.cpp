@@ -1,0 +1,136 @@
+// Decoding speed of a Hugging Face model folder (or an Orchard run) as
+// `orchard generate` runs it, against the memory-bandwidth bound:
+//   orchard_bench_decode MODEL_DIR DEVICE PROMPT NEW [BW_GBPS]
+// Greedy, random prompt tokens, bfloat16 weights on CUDA (the automatic
+// dtype elsewhere). Prints, each the best of 3 runs after a warm-up:
+//   batch 1 with CUDA graphs and without (eager), decode tokens/s and the
+//     fraction of the bound (every weight byte read once per token at
+//     BW_GBPS, default 3350: an H100 SXM's HBM3);
+//   batches 8 and 32 (one prompt each, aggregate tokens/s);
+//   a GRPO-shaped rollout: 8 samples x NEW tokens of one prompt,
+//     temperature 1, with log-probabilities.
+#include "core/machine.h"
+#include "core/torch_compat.h"
+#include "infer/engine.h"
+#include "models/hf/model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+using orchard::infer::Engine;
+using orchard::infer::GenerationStats;
+using orchard::infer::SamplingOptions;
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(
+        stderr, "usage: %s MODEL_DIR DEVICE PROMPT NEW [BW_GBPS]\n", argv[0]);
+    return 2;
+  }
+  orchard::configure_cpu_threads();
+  const std::string dir = argv[1];
+  torch::Device dev(argv[2]);
+  const int64_t P = std::atoll(argv[3]), N = std::atoll(argv[4]);
+  const double bw = argc > 5 ? std::atof(argv[5]) : 3350.0;
+  orchard::models::LoadOptions lo;
+  lo.device = dev;
+  lo.dtype = dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  lo.context = P + N;
+  double t0 = now_s();
+  auto model = orchard::models::load_hf_model(dir, lo);
+  model->eval();
+  model->prepare_inference();
+  orchard::compat::synchronize(dev);
+  double bytes = 0;
+  for (const auto& p : model->parameters())
+    bytes += double(p.numel()) * double(p.element_size());
+  std::printf(
+      "load %.1f s; %.2f GB of weights; bound at %.0f GB/s: %.1f tok/s\n",
+      now_s() - t0,
+      bytes / 1e9,
+      bw,
+      bw * 1e9 / bytes);
+  const int64_t V = model->config.vocab_size;
+  auto prompt = [&](int64_t seed) {
+    std::vector<int64_t> p(static_cast<size_t>(P), 0);
+    for (size_t i = 0; i < p.size(); ++i)
+      p[i] = int64_t((i * 7919 + size_t(seed) * 104729) % size_t(V));
+    return p;
+  };
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = N;
+  for (bool graphs : {true, false}) {
+    Engine e(model.ptr(), dev, graphs);
+    double best = 0, prefill = 0;
+    std::vector<int64_t> first;
+    for (int run = 0; run < 4; ++run) {
+      GenerationStats st;
+      auto out = e.generate(prompt(0), greedy, {}, true, &st);
+      if (run == 0) {
+        first = out;
+        continue; // warm-up (and graph capture)
+      }
+      if (out != first)
+        std::printf("  (run %d gave other tokens)\n", run);
+      // The first token comes from the prefill: N - 1 decode steps.
+      best = std::max(best, double(out.size() - 1) / st.decode_seconds);
+      prefill = std::max(prefill, st.prefill_tokens_per_s());
+    }
+    std::printf(
+        "batch 1, %s: decode %.1f tok/s (%.0f %% of the bound), prefill %.0f "
+        "tok/s, %zu tokens\n",
+        graphs ? (e.uses_graphs() ? "CUDA graphs" : "graphs unavailable")
+               : "eager",
+        best,
+        100.0 * best * bytes / (bw * 1e9),
+        prefill,
+        first.size());
+  }
+  Engine e(model.ptr(), dev, true);
+  for (int64_t B : {8, 32}) {
+    std::vector<std::vector<int64_t>> prompts;
+    for (int64_t b = 0; b < B; ++b)
+      prompts.push_back(prompt(b + 1));
+    double best = 0;
+    for (int run = 0; run < 3; ++run) {
+      GenerationStats st;
+      e.generate_batch(prompts, 1, greedy, &st);
+      if (run > 0)
+        best = std::max(best, st.decode_tokens_per_s());
+    }
+    std::printf("batch %lld: %.1f tok/s decode (all rows)\n", (long long)B, best);
+  }
+  SamplingOptions grpo;
+  grpo.temperature = 1.0;
+  grpo.top_k = 0;
+  grpo.max_new_tokens = N;
+  double best = 0, best_wall = 0;
+  for (int run = 0; run < 3; ++run) {
+    GenerationStats st;
+    double w0 = now_s();
+    e.generate_batch({prompt(99)}, 8, grpo, &st);
+    double wall = now_s() - w0;
+    if (run > 0) {
+      best = std::max(best, st.decode_tokens_per_s());
+      best_wall = best_wall == 0 ? wall : std::min(best_wall, wall);
+    }
+  }
+  std::printf(
+      "rollout 8 x %lld (T=1, log-probs): %.1f tok/s decode, %.2f s each\n",
+      (long long)N,
+      best,
+      best_wall);
+  return 0;
+}
