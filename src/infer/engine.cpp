@@ -148,6 +148,8 @@ std::vector<int64_t> Engine::generate(
   std::vector<int64_t> out;
   bool stopped = false;
   auto read_pending = [&] {
+    if (pending.empty())
+      return;
     auto ids = torch::cat(pending).to(torch::kCPU);
     pending.clear();
     for (int64_t i = 0; i < ids.size(0) && !stopped; ++i) {
