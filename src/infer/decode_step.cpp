@@ -90,6 +90,9 @@ DecodeStep::~DecodeStep() = default;
 void DecodeStep::reset() {
   captured_.clear();
   cache_id_ = nullptr;
+  // The pool went with its last graph: its id must not be reused (CUDA's
+  // caching allocator asserts on a pool whose graphs are gone).
+  pool_ = {0, 0};
 }
 
 int64_t DecodeStep::captured() const {

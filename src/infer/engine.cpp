@@ -55,7 +55,9 @@ Engine::Engine(
 Engine::~Engine() = default;
 
 bool Engine::uses_graphs() const {
-  return single_->step.uses_graphs() && single_->step.captured() > 0;
+  // Capturing turns graphs off for good when it fails.
+  return single_->step.uses_graphs() && batch_->step.uses_graphs() &&
+      single_->step.captured() + batch_->step.captured() > 0;
 }
 
 namespace {

@@ -76,7 +76,8 @@ class Engine {
   const std::shared_ptr<models::LanguageModel>& model() const {
     return model_;
   }
-  // Whether decoding replays CUDA graphs (after the first call).
+  // Whether decoding replays CUDA graphs: some were captured and no
+  // capture failed.
   bool uses_graphs() const;
 
  private:

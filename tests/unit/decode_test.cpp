@@ -222,6 +222,12 @@ TEST(Decode, GraphReplayEqualsEagerTokenForToken) {
     auto a = graphs.generate_batch({{1, 2}, {3, 4, 5, 6}}, 4, o);
     auto b = eager.generate_batch({{1, 2}, {3, 4, 5, 6}}, 4, o);
     EXPECT_EQ(a.tokens, b.tokens) << dtype;
+    // More rows: the cache grows, the graphs are captured again (in a new
+    // memory pool; reusing the old pool's id failed the capture once).
+    a = graphs.generate_batch({{1, 2}, {3, 4, 5, 6}}, 8, o);
+    b = eager.generate_batch({{1, 2}, {3, 4, 5, 6}}, 8, o);
+    EXPECT_EQ(a.tokens, b.tokens) << dtype;
+    EXPECT_TRUE(graphs.uses_graphs()) << "a capture failed: see stderr";
   }
 }
 
