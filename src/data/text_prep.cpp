@@ -97,6 +97,18 @@ std::vector<std::string> list_input_files(
   return files;
 }
 
+nlohmann::json input_fingerprint(const std::vector<std::string>& inputs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& f : list_input_files(inputs)) {
+    std::error_code ec;
+    const auto bytes = fs::file_size(f, ec);
+    const auto when = fs::last_write_time(f, ec).time_since_epoch().count();
+    out.push_back(
+        {fs::absolute(f).string(), ec ? 0 : uint64_t(bytes), int64_t(when)});
+  }
+  return out;
+}
+
 TextPrepStats prepare_text(
     const text::Tokenizer& tok,
     const TextPrepOptions& opt) {
@@ -109,6 +121,7 @@ TextPrepStats prepare_text(
         "--split must be auto, train or val (got '" + opt.split + "').");
   TextPrepStats st;
   auto files = list_input_files(opt.inputs);
+  const nlohmann::json fingerprint = input_fingerprint(opt.inputs);
   st.files = files.size();
   std::string name = opt.name.empty()
       ? fs::path(opt.inputs.front()).stem().string()
@@ -165,6 +178,17 @@ TextPrepStats prepare_text(
       std::stringstream ss;
       ss << in.rdbuf();
       std::string text = ss.str();
+      // Text never holds NUL bytes; a token shard, a model or an image
+      // would otherwise be trained on as gibberish.
+      if (text.find('\0') != std::string::npos)
+        throw UserError(
+            "'" + file +
+                "' is not text (it holds NUL bytes: a token shard of "
+                "`orchard data text`, a model file, an image?). Give text "
+                "files (.txt, .md, source code), .jsonl files with one "
+                "{\"text\": ...} per line, or folders of them; move binary "
+                "files out of the folders given.",
+            kExitFailure);
       if (is_prose_file(file))
         for (auto doc : prose_documents(text))
           add_document(doc);
@@ -207,6 +231,9 @@ TextPrepStats prepare_text(
     meta["val_documents"] = st.val_documents;
     meta["val_tokens"] = st.val_tokens;
   }
+  if (!meta.contains("inputs") || !meta["inputs"].is_object())
+    meta["inputs"] = nlohmann::json::object();
+  meta["inputs"][opt.split] = fingerprint;
   // Each shard's size and checksum, for caches to verify before reuse.
   if (!meta.contains("files") || !meta["files"].is_object())
     meta["files"] = nlohmann::json::object();

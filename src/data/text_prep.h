@@ -10,6 +10,8 @@
 // validation, so the split is deterministic and never empty.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "text/tokenizer.h"
 
 #include <cstdint>
@@ -41,6 +43,11 @@ struct TextPrepStats {
   uint64_t bytes = 0, train_tokens = 0, val_tokens = 0;
   std::vector<std::string> train_files, val_files;
 };
+
+// What the input files were when they were read: each file's path, size
+// and modification time, in order. prepare_text records it in the meta
+// file under "inputs" (per split), so a cache can tell edited data.
+nlohmann::json input_fingerprint(const std::vector<std::string>& inputs);
 
 // The BOS id documents start with; UserError when the tokenizer has none.
 text::TokenId bos_id(const text::Tokenizer& tok);

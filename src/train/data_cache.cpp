@@ -24,14 +24,28 @@ namespace fs = std::filesystem;
 // Whether cached shards can be reused: every one opens, and when the meta
 // file (written last) records checksums, each matches; a cache a crash cut
 // short, or whose bytes changed, is prepared again.
+// With `inputs` (data_paths' files as data::input_fingerprint gives them),
+// the cache is also prepared again when the files changed since, or when
+// it predates the record.
 bool shards_intact(
     const std::vector<std::string>& paths,
     const std::string& meta_path,
-    const std::function<void(const std::string&)>& say) {
+    const std::function<void(const std::string&)>& say,
+    const nlohmann::json& inputs = nullptr) {
   if (paths.empty() || !fs::exists(meta_path))
     return false;
   std::ifstream in(meta_path);
   auto meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!inputs.is_null()) {
+    const bool recorded = meta.is_object() && meta.contains("inputs") &&
+        meta["inputs"].is_object() && meta["inputs"].contains("auto");
+    if (!recorded || meta["inputs"]["auto"] != inputs) {
+      if (recorded)
+        say("The data files changed since they were tokenized; tokenizing "
+            "them again (the tokenizer stays).");
+      return false;
+    }
+  }
   const nlohmann::json* files =
       meta.is_object() && meta.contains("files") ? &meta["files"] : nullptr;
   try {
@@ -137,7 +151,10 @@ PreparedData prepare_pretraining_data(
   d.train_shards = data::find_shards(shard_dir, "train");
   d.val_shards = data::find_shards(shard_dir, "val");
   const std::string meta = shard_dir + "/" + name + "_meta.json";
-  if (!shards_intact(d.train_shards, meta, say) ||
+  const nlohmann::json inputs = cfg.data_paths.empty()
+      ? nlohmann::json(nullptr)
+      : data::input_fingerprint(cfg.data_paths);
+  if (!shards_intact(d.train_shards, meta, say, inputs) ||
       !shards_intact(d.val_shards, meta, say)) {
     say("Tokenizing " + d.description + " into " + shard_dir + "...");
     remove_tree(shard_dir);

@@ -1,14 +1,19 @@
 // What a new user hit on a fresh checkout (issue 17), each as a test that
 // failed before its fix: training on one's own text file, "train further"
 // reaching the chat model, reruns keeping their reports, JSON alone on
-// stdout.
+// stdout; and data preparation killed part-way.
 #include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <thread>
 
 namespace orchard {
 namespace {
@@ -180,6 +185,132 @@ TEST(Newcomer, JsonAloneOnStdout) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(j.is_discarded()) << r.out;
+}
+
+// Every file under `root` (relative path -> bytes).
+std::map<std::string, std::string> tree(const std::string& root) {
+  std::map<std::string, std::string> out;
+  if (!fs::exists(root))
+    return out;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) {
+      std::ifstream in(e.path(), std::ios::binary);
+      out[fs::relative(e.path(), root).string()] = std::string(
+          std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  return out;
+}
+
+// `orchard train` on a new text file first trains a tokenizer and
+// tokenizes the text into its data folder. Killed (SIGKILL) at several
+// points of that, then run again, it trains, and the prepared data is
+// byte for byte what an uninterrupted run prepares: nothing half-written
+// is taken for done, nothing is left over.
+TEST(Newcomer, DataPreparationKilledAnywhereIsRedoneTheSame) {
+  TempDir dir;
+  std::mt19937 rng(5);
+  std::vector<std::string> words = {
+      "apple", "orchard", "tree", "branch", "leaf", "root", "blossom",
+      "harvest", "ladder", "basket", "cider", "spring", "autumn", "grafted"};
+  std::string text;
+  for (int doc = 0; doc < 3000; ++doc) {
+    for (int w = 0; w < 200; ++w)
+      text += words[rng() % words.size()] + (w % 17 == 16 ? ".\n" : " ");
+    text += "\n\n";
+  }
+  dir.write("corpus.txt", text);
+  auto env_for = [&](const std::string& home) {
+    return std::map<std::string, std::string>{
+        {"ORCHARD_HOME", dir.file(home)}, {"OMP_NUM_THREADS", "2"}};
+  };
+  auto args = [&](const std::string& home) {
+    return tiny_train(
+        dir.file("corpus.txt"), dir.file(home + "/run"), {"num_iterations=1"});
+  };
+  auto clean = run_orchard(args("clean"), env_for("clean"));
+  ASSERT_EQ(clean.exit_code, 0) << clean.out << clean.err;
+  auto want = tree(dir.file("clean/prepared"));
+  ASSERT_FALSE(want.empty());
+  for (int delay_ms : {150, 400, 900, 1600, 2500}) {
+    const std::string home = "killed" + std::to_string(delay_ms);
+    auto a = args(home);
+    pid_t pid = test::spawn_orchard(a, env_for(home), dir.file(home + ".log"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(pid, SIGKILL);
+    test::wait_child(pid);
+    auto again = run_orchard(a, env_for(home));
+    ASSERT_EQ(again.exit_code, 0)
+        << "killed after " << delay_ms << " ms\n"
+        << again.out << again.err;
+    auto got = tree(dir.file(home + "/prepared"));
+    EXPECT_EQ(got.size(), want.size()) << "killed after " << delay_ms << " ms";
+    for (const auto& [path, bytes] : want) {
+      auto it = got.find(path);
+      ASSERT_NE(it, got.end()) << path << " missing; killed after " << delay_ms;
+      // The data's metadata names the tokenizer by its path, under the
+      // home folder.
+      std::string same = it->second;
+      for (size_t at; (at = same.find(dir.file(home))) != std::string::npos;)
+        same.replace(at, dir.file(home).size(), dir.file("clean"));
+      EXPECT_TRUE(same == bytes)
+          << path << " differs; killed after " << delay_ms << " ms";
+    }
+  }
+}
+
+// A text file edited after a run is tokenized again for the next run (its
+// prepared shards were reused as they were, silently, before): the new
+// paragraphs are in the data, the tokenizer is the one runs already use.
+TEST(Newcomer, EditedDataIsTokenizedAgain) {
+  TempDir dir;
+  std::string book;
+  for (int i = 0; i < 400; ++i)
+    book += "The orchard row " + std::to_string(i) + " has trees.\n\n";
+  dir.write("book.txt", book);
+  std::map<std::string, std::string> env = {
+      {"ORCHARD_HOME", dir.file("home")}, {"OMP_NUM_THREADS", "2"}};
+  auto first = run_orchard(
+      tiny_train(dir.file("book.txt"), dir.file("run1"), {"num_iterations=1", "val_fraction=0.05"}),
+      env);
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  auto meta_tokens = [&] {
+    for (const auto& e : fs::recursive_directory_iterator(dir.file("home")))
+      if (e.path().filename() == "data_meta.json") {
+        std::ifstream in(e.path());
+        return nlohmann::json::parse(in).value("train_tokens", int64_t(0));
+      }
+    return int64_t(0);
+  };
+  auto tokenizer = [&] {
+    for (const auto& e : fs::recursive_directory_iterator(dir.file("home")))
+      if (e.path().filename() == "tokenizer.json") {
+        std::ifstream in(e.path(), std::ios::binary);
+        return std::string(
+            std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+    return std::string();
+  };
+  const int64_t before = meta_tokens();
+  const std::string tok_before = tokenizer();
+  // Unchanged: reused without a word.
+  auto same = run_orchard(
+      tiny_train(dir.file("book.txt"), dir.file("run2"), {"num_iterations=1", "val_fraction=0.05"}),
+      env);
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.find("Tokenizing"), std::string::npos) << same.out;
+  // Edited: 200 paragraphs more.
+  for (int i = 0; i < 200; ++i)
+    book += "A new row " + std::to_string(i) + " of pear trees.\n\n";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  dir.write("book.txt", book);
+  auto edited = run_orchard(
+      tiny_train(dir.file("book.txt"), dir.file("run3"), {"num_iterations=1", "val_fraction=0.05"}),
+      env);
+  ASSERT_EQ(edited.exit_code, 0) << edited.out << edited.err;
+  EXPECT_NE(edited.out.find("changed since they were tokenized"), std::string::npos)
+      << edited.out;
+  EXPECT_GT(meta_tokens(), before + 1000);
+  EXPECT_EQ(tokenizer(), tok_before);
 }
 
 } // namespace

@@ -173,6 +173,13 @@ TEST(TextPrep, BadInputNamesFileAndLine) {
       std::string::npos);
   EXPECT_NE(
       error("c.txt", "only one").find("went to validation"), std::string::npos);
+  // A token shard (orchard data text's own output) given back as text: it
+  // was trained on as gibberish before.
+  std::string shard(1024, '\0');
+  shard[0] = '\x30';
+  EXPECT_NE(
+      error("e_train_000000.bin", shard).find("e_train_000000.bin' is not text"),
+      std::string::npos);
   opt.inputs = {dir.file("nope")};
   EXPECT_THROW(prepare_text(tok, opt), UserError);
   opt.inputs = {dir.write("d.txt", "x")};
