@@ -75,6 +75,7 @@ Command register_chat(CLI::App& root) {
     ModelFlags model;
     std::string prompt, system;
     infer::SamplingOptions sampling;
+    bool verbose = false;
   };
   auto st = std::make_shared<State>();
   st->sampling.max_new_tokens = 256;
@@ -107,6 +108,11 @@ Command register_chat(CLI::App& root) {
          "where tokens are drawn: auto (the model's device), cpu (the same "
          "text on every device for a seed) or device")
       ->capture_default_str();
+  app->add_flag(
+      "--verbose",
+      st->verbose,
+      "after each reply, print its speed (prompt and generation tokens/s) "
+      "on stderr");
   add_device_flags(app, st->device, /*allow_assume=*/false);
   return {app, [st, prompt_opt] {
             if (auto p = infer::sampling_problem(st->sampling); !p.empty())
@@ -140,12 +146,17 @@ Command register_chat(CLI::App& root) {
               g_interrupted = 0;
               auto previous = std::signal(SIGINT, on_sigint);
               std::string reply;
+              infer::GenerationStats stats;
               try {
-                reply = chat.reply(messages, opt, [](const std::string& text) {
-                  std::fwrite(text.data(), 1, text.size(), stdout);
-                  std::fflush(stdout);
-                  return g_interrupted == 0;
-                });
+                reply = chat.reply(
+                    messages,
+                    opt,
+                    [](const std::string& text) {
+                      std::fwrite(text.data(), 1, text.size(), stdout);
+                      std::fflush(stdout);
+                      return g_interrupted == 0;
+                    },
+                    &stats);
               } catch (const UserError& e) {
                 std::signal(SIGINT, previous);
                 messages.pop_back();
@@ -154,6 +165,15 @@ Command register_chat(CLI::App& root) {
               }
               std::signal(SIGINT, previous);
               std::printf("%s\n", g_interrupted ? " [stopped]" : "");
+              if (st->verbose)
+                std::fprintf(
+                    stderr,
+                    "[prompt %lld tokens at %.0f tokens/s; reply %lld tokens "
+                    "at %.1f tokens/s]\n",
+                    (long long)stats.prompt_tokens,
+                    stats.prefill_tokens_per_s(),
+                    (long long)stats.new_tokens,
+                    stats.decode_tokens_per_s());
               messages.push_back({"assistant", reply});
               return true;
             };

@@ -174,6 +174,19 @@ TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
           << command << ": " << r.err;
     }
   }
+  for (const char* command : {"generate", "chat"}) {
+    auto r = run_orchard(
+        {command,
+         "-i",
+         "sft",
+         std::string(command) == "chat" ? "-p" : "--prompt",
+         "hi",
+         "--sampling-device",
+         "gpu"});
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "--sampling-device is auto, cpu or device"))
+        << command << ": " << r.err;
+  }
 }
 
 // WORLD_SIZE is checked everywhere, but only training refuses several

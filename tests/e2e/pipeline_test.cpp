@@ -214,6 +214,8 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
       t.work());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "runs/base/d1/checkpoints/step_000006")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tokens at ")) << r.out; // prompt speed
+  EXPECT_TRUE(contains(r.out, "generation ")) << r.out;
   r = run_orchard(
       {"chat",
        "-i",
@@ -221,7 +223,8 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
        "-p",
        "What is the apple 3?",
        "--max-new-tokens",
-       "6"},
+       "6",
+       "--verbose"},
       t.env,
       t.work());
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -230,6 +233,8 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
   EXPECT_FALSE(contains(r.out, "Using device")) << r.out;
   EXPECT_FALSE(contains(r.out, "Model:")) << r.out;
   EXPECT_FALSE(r.out.empty());
+  EXPECT_TRUE(contains(r.err, "[prompt ")) << r.err; // --verbose, on stderr
+  EXPECT_FALSE(contains(r.out, "[prompt ")) << r.out;
   r = run_orchard({"chat", "-i", "sft", "-p", ""}, t.env, t.work());
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "-p/--prompt is empty")) << r.err;
