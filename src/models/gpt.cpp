@@ -97,6 +97,23 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
   c_proj = register_module("c_proj", lin(c.n_embd, c.n_embd));
 }
 
+std::array<torch::Tensor, 3> CausalSelfAttentionImpl::qkv(
+    const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  if (qkv_weight.defined()) {
+    auto y = torch::nn::functional::linear(x, qkv_weight).split_with_sizes(
+        {n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim}, -1);
+    return {
+        y[0].view({B, T, n_head, head_dim}),
+        y[1].view({B, T, n_kv_head, head_dim}),
+        y[2].view({B, T, n_kv_head, head_dim})};
+  }
+  return {
+      c_q(x).view({B, T, n_head, head_dim}),
+      c_k(x).view({B, T, n_kv_head, head_dim}),
+      c_v(x).view({B, T, n_kv_head, head_dim})};
+}
+
 torch::Tensor CausalSelfAttentionImpl::forward(
     const torch::Tensor& x,
     const torch::Tensor& cos,
@@ -104,9 +121,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(
     torch::Tensor* cache_k,
     torch::Tensor* cache_v) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = c_q(x).view({B, T, n_head, head_dim});    // (B, T, H, D)
-  auto k = c_k(x).view({B, T, n_kv_head, head_dim}); // (B, T, Hkv, D)
-  auto v = c_v(x).view({B, T, n_kv_head, head_dim});
+  auto [q, k, v] = qkv(x); // (B, T, H or Hkv, D)
   q = rms_norm(apply_rotary(q, cos, sin));
   k = rms_norm(apply_rotary(k, cos, sin));
   q = q.transpose(1, 2); // (B, H, T, D)
@@ -138,9 +153,7 @@ torch::Tensor CausalSelfAttentionImpl::decode(
     const torch::Tensor& pos,
     int64_t key_len) {
   const int64_t B = x.size(0);
-  auto q = c_q(x).view({B, 1, n_head, head_dim});
-  auto k = c_k(x).view({B, 1, n_kv_head, head_dim});
-  auto v = c_v(x).view({B, 1, n_kv_head, head_dim});
+  auto [q, k, v] = qkv(x); // (B, 1, H or Hkv, D)
   // Rotary tables per row: (B, D/2) -> (B, 1, 1, D/2).
   auto rotate = [&](const torch::Tensor& t) {
     const int64_t d = t.size(-1) / 2;
@@ -238,6 +251,36 @@ void GptImpl::init_weights() {
     block->mlp->c_proj->weight.zero_();
   }
   lm_head->weight.zero_();
+}
+
+int64_t GptImpl::prepare_inference() {
+  const int64_t merged = AdaptableModel::prepare_inference();
+  torch::NoGradGuard no_grad;
+  for (const auto& b : *blocks) {
+    auto& a = *b->as<BlockImpl>()->attn;
+    std::array<ProjImpl*, 3> ps = {a.c_q.get(), a.c_k.get(), a.c_v.get()};
+    bool plain = true;
+    for (auto* p : ps)
+      plain = plain && !p->has_lora() && !p->q4.defined();
+    if (!plain)
+      continue;
+    a.qkv_weight = torch::cat(
+        {ps[0]->weight.detach(), ps[1]->weight.detach(), ps[2]->weight.detach()},
+        0);
+    int64_t row = 0;
+    for (auto* p : ps) {
+      p->weight.set_data(a.qkv_weight.narrow(0, row, p->out_features));
+      row += p->out_features;
+    }
+  }
+  return merged;
+}
+
+int64_t GptImpl::add_lora(const LoraSpec& spec, torch::ScalarType dtype) {
+  // The stacked product (prepare_inference) would skip the adapters.
+  for (const auto& b : *blocks)
+    b->as<BlockImpl>()->attn->qkv_weight = torch::Tensor();
+  return AdaptableModel::add_lora(spec, dtype);
 }
 
 std::vector<std::pair<std::string, Proj>> GptImpl::projections() const {

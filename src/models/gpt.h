@@ -19,6 +19,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -83,8 +84,12 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
       torch::Tensor& cache_v,
       const torch::Tensor& pos,
       int64_t key_len);
+  // q, k and v of x (B, T, C) as (B, T, heads, D): one product when
+  // prepare_inference() stacked their weights, three otherwise.
+  std::array<torch::Tensor, 3> qkv(const torch::Tensor& x);
   int64_t n_head, n_kv_head, head_dim;
   Proj c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
+  torch::Tensor qkv_weight; // after prepare_inference(); c_q/k/v views of it
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -135,6 +140,10 @@ struct GptImpl : AdaptableModel {
   // The blocks' projections (attn.c_q, c_k, c_v, c_proj; mlp.c_fc,
   // c_proj), which LoRA can wrap (models/lora_linear.h).
   std::vector<std::pair<std::string, Proj>> projections() const override;
+  // Adapters merged, then each block's c_q, c_k, c_v stacked into one
+  // matrix (views of it: no extra memory) for one product a token.
+  int64_t prepare_inference() override;
+  int64_t add_lora(const LoraSpec& spec, torch::ScalarType dtype) override;
 
   // nanochat's initialisation: embeddings N(0, 1); matrices N(0, s) with
   // s = min(1, sqrt(fan_out / fan_in)) / sqrt(fan_in); the output

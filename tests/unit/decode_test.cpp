@@ -200,6 +200,28 @@ TEST(Decode, StopTokensEndTheirRowOnly) {
   EXPECT_LE(stopped.tokens[2].size(), 5u);
 }
 
+// prepare_inference() on Orchard's GPT (c_q, c_k, c_v stacked into one
+// matrix, the projections views of it) keeps the logits and the tokens.
+TEST(Decode, PreparedGptKeepsItsLogitsAndTokens) {
+  auto model = random_model();
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor({{1, 2, 3, 4, 5, 6, 7}});
+  auto before = model->forward(ids);
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 40;
+  auto tokens = Engine(model.ptr(), torch::kCPU).generate({1, 2, 3}, greedy);
+  EXPECT_EQ(model->prepare_inference(), 0); // no adapters to merge
+  auto* block = model->blocks[0]->as<models::BlockImpl>();
+  ASSERT_TRUE(block->attn->qkv_weight.defined());
+  EXPECT_EQ(
+      block->attn->c_k->weight.data_ptr<float>(),
+      block->attn->qkv_weight.data_ptr<float>() +
+          block->attn->c_q->weight.numel());
+  EXPECT_LT((model->forward(ids) - before).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(Engine(model.ptr(), torch::kCPU).generate({1, 2, 3}, greedy), tokens);
+}
+
 // On a CUDA machine: replayed graphs give the eager tokens, one sequence
 // and a batch, for Orchard's GPT in float32 and a bfloat16 copy of it.
 TEST(Decode, GraphReplayEqualsEagerTokenForToken) {

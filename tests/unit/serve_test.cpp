@@ -86,10 +86,14 @@ TEST(DecodeBatch, EqualsForwardWithACacheRowByRow) {
         << "row " << i;
 }
 
-TEST(BatchEngine, ConcurrentRequestsGiveWhatEachGivesAlone) {
+// On the CPU, and on CUDA where present: there the batch replays CUDA
+// graphs (one per rows x key bucket) and samples on the GPU, and each
+// request still gets what an eager engine gives it alone.
+void check_batch_equals_alone(torch::Device device) {
   auto model = random_gpt(50, 48, 2);
-  infer::Engine alone(model.ptr(), torch::kCPU);
-  infer::BatchEngine batch(model.ptr(), torch::kCPU, 8);
+  model->to(device);
+  infer::Engine alone(model.ptr(), device, /*graphs=*/false);
+  infer::BatchEngine batch(model.ptr(), device, 8);
   std::vector<std::vector<int64_t>> prompts = {
       {1, 2, 3}, {4, 5, 6, 7, 8, 9, 10}, {11, 12}, {3, 3, 3, 3}};
   std::vector<infer::SamplingOptions> opts(4);
@@ -120,11 +124,17 @@ TEST(BatchEngine, ConcurrentRequestsGiveWhatEachGivesAlone) {
   for (size_t i = 0; i < 4; ++i) {
     auto [tokens, why] = done[i].get_future().get();
     auto want = alone.generate(prompts[i], opts[i]);
-    EXPECT_EQ(tokens, want) << "request " << i;
+    EXPECT_EQ(tokens, want) << device << " request " << i;
     EXPECT_EQ(why, "length");
   }
   EXPECT_EQ(int64_t(got[3].size()), 48 - 4); // up to the context
   EXPECT_GT(batch.stats().max_rows, 1) << "requests were not batched";
+}
+
+TEST(BatchEngine, ConcurrentRequestsGiveWhatEachGivesAlone) {
+  check_batch_equals_alone(torch::kCPU);
+  if (torch::cuda::is_available())
+    check_batch_equals_alone(torch::Device(torch::kCUDA, 0));
 }
 
 TEST(BatchEngine, ACancelledRequestLeavesAndOthersGoOn) {
