@@ -41,12 +41,7 @@ Command register_generate(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--seed", st->sampling.seed, "random seed")
       ->capture_default_str();
-  app->add_option(
-         "--sampling-device",
-         st->sampling.sampling_device,
-         "where tokens are drawn: auto (the model's device), cpu (the same "
-         "text on every device for a seed) or device")
-      ->capture_default_str();
+  add_sampling_device_flag(app, st->sampling);
   app->add_flag(
       "--interactive",
       st->interactive,

@@ -142,6 +142,15 @@ void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
       ->check(CLI::IsMember({"llama3", "chatml", "mistral", "orchard"}));
 }
 
+void add_sampling_device_flag(CLI::App* app, infer::SamplingOptions& opt) {
+  app->add_option(
+         "--sampling-device",
+         opt.sampling_device,
+         "where tokens are drawn: auto (the model's device), cpu (the same "
+         "text on every device for a seed) or device")
+      ->capture_default_str();
+}
+
 runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& d) {
   runs::LoadedModel loaded = runs::load_model(flags, d);
   std::fprintf(status_stream(), "Model: %s\n", loaded.description.c_str());

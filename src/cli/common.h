@@ -5,6 +5,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/machine.h"
+#include "infer/sampling.h"
 #include "runs/load.h"
 
 #include <CLI/CLI.hpp>
@@ -51,6 +52,9 @@ using ModelFlags = runs::ModelSource;
 void add_model_flags(CLI::App* app, ModelFlags& flags);
 // --chat-template, for the commands that render conversations.
 void add_chat_template_flag(CLI::App* app, ModelFlags& flags);
+// --sampling-device auto|cpu|device (infer/sampling.h), for the commands
+// that generate.
+void add_sampling_device_flag(CLI::App* app, infer::SamplingOptions& opt);
 // runs::load_model, printing what was loaded.
 runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& device);
 

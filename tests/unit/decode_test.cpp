@@ -6,6 +6,8 @@
 #include "infer/engine.h"
 #include "infer/sampling.h"
 
+#include "gpt_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,19 +17,7 @@ namespace orchard::infer {
 namespace {
 
 models::Gpt random_model(int64_t max_seq_len = 200) {
-  models::GptConfig c;
-  c.vocab_size = 50;
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_kv_head = 1;
-  c.max_seq_len = max_seq_len;
-  torch::manual_seed(11);
-  models::Gpt m(c);
-  torch::NoGradGuard g;
-  for (auto& p : m->parameters())
-    p.normal_(0.0, 0.5);
-  return m;
+  return test::random_gpt(50, max_seq_len, 1, 11, 0.5);
 }
 
 // Frequencies of `draws` tokens drawn by a device-mode sampler from one

@@ -3,25 +3,15 @@
 #include "core/error.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include "gpt_test_util.h"
+
 #include <gtest/gtest.h>
 
 namespace orchard::infer {
 namespace {
 
 models::Gpt random_model() {
-  models::GptConfig c;
-  c.vocab_size = 50;
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_kv_head = 1;
-  c.max_seq_len = 40;
-  torch::manual_seed(11);
-  models::Gpt m(c);
-  torch::NoGradGuard g;
-  for (auto& p : m->parameters())
-    p.normal_(0.0, 0.5);
-  return m;
+  return test::random_gpt(50, 40, 1, 11, 0.5);
 }
 
 TEST(Engine, GreedyWithCacheEqualsWithout) {

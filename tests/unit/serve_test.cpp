@@ -11,6 +11,8 @@
 #include "text/bpe_train.h"
 #include "text/hf_tokenizer.h"
 
+#include "gpt_test_util.h"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -34,21 +36,9 @@ namespace orchard {
 namespace {
 using nlohmann::json;
 
+// Every weight random, so logits depend on context.
 models::Gpt random_gpt(int64_t vocab, int64_t max_seq, int64_t kv_heads) {
-  models::GptConfig c;
-  c.vocab_size = vocab;
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_kv_head = kv_heads;
-  c.max_seq_len = max_seq;
-  torch::manual_seed(7);
-  models::Gpt m(c);
-  torch::NoGradGuard no_grad;
-  for (auto& p : m->parameters())
-    p.normal_(0.0, 0.3); // every weight random, so logits depend on context
-  m->eval();
-  return m;
+  return test::random_gpt(vocab, max_seq, kv_heads, 7, 0.3);
 }
 
 TEST(DecodeBatch, EqualsForwardWithACacheRowByRow) {
