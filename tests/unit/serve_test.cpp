@@ -14,7 +14,10 @@
 #include "gpt_test_util.h"
 
 #include <gtest/gtest.h>
+
 #include <httplib.h>
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
@@ -612,24 +615,35 @@ std::string raw_request(
   addr.sin_port = htons(uint16_t(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string got;
+  // What went wrong when nothing came back, for a failure message.
+  std::string trouble;
   // The answer is read even when the body could not all be sent: a server
   // may answer (413) and close before reading an oversized body.
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    for (size_t sent = 0; sent < request.size();) {
+    size_t sent = 0;
+    while (sent < request.size()) {
       ssize_t n = ::send(
           fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0)
+      if (n <= 0) {
+        trouble = "send: " + std::string(std::strerror(errno)) + " after " +
+            std::to_string(sent) + " of " + std::to_string(request.size()) +
+            " bytes; ";
         break;
+      }
       sent += size_t(n);
     }
     char buf[1024];
-    ssize_t n;
+    ssize_t n = 0;
     while ((read_bytes == 0 || got.size() < read_bytes) &&
            (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
       got.append(buf, size_t(n));
+    if (n < 0)
+      trouble += "recv: " + std::string(std::strerror(errno));
+  } else {
+    trouble = "connect: " + std::string(std::strerror(errno));
   }
   ::close(fd);
-  return got;
+  return got.empty() ? "(nothing; " + trouble + ")" : got;
 }
 
 std::string post_request(const std::string& body, const std::string& type) {
