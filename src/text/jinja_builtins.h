@@ -22,6 +22,13 @@ constexpr size_t kMaxTextBytes = size_t(1) << 26; // 64 MB
 // itself would recurse forever).
 constexpr int kMaxValueDepth = 200;
 
+// UserError "<where>: <what>".
+[[noreturn]] void fail(const std::string& where, const std::string& what);
+// UserError when a string of `bytes` would pass kMaxTextBytes.
+void check_size(size_t bytes);
+// Python's str.isspace() for one ASCII character.
+bool is_ws(char c);
+
 // Starts a render's work count (per thread).
 void reset_work();
 // Counts `units` of work; UserError at `where` past kMaxWork.

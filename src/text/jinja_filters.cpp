@@ -11,13 +11,7 @@
 
 namespace orchard::text::jinja {
 namespace {
-
 using VK = Value::Kind;
-
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw UserError(where + ": " + what);
-}
-
 } // namespace
 
 Value Builtins::filter(const std::string& name, List& args, Pairs& kwargs)
