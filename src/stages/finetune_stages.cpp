@@ -36,8 +36,8 @@ class FinetuneStage : public Stage {
     try {
       const int64_t positions =
           models::read_hf_config(cfg.model).max_position_embeddings;
-      if (positions > 0 && positions < cfg.max_seq_length)
-        cfg.max_seq_length = positions;
+      if (positions > 0 && positions < cfg.max_seq_len)
+        cfg.max_seq_len = positions;
     } catch (const UserError&) {
       // A missing or bad model folder is reported by train and plan.
     }
@@ -91,7 +91,7 @@ class FinetuneStage : public Stage {
         {"architecture", mc.architecture},
         {"base_dtype", dname},
         {"load_in_4bit", cfg.load_in_4bit},
-        {"seq_len", cfg.max_seq_length},
+        {"seq_len", cfg.max_seq_len},
         {"budget_bytes", fp.budget},
         {"candidates", candidates},
         {"choice",
@@ -104,7 +104,7 @@ class FinetuneStage : public Stage {
     out.text = "Model: " + cfg.model + " (" + mc.architecture + "), " +
         cfg.stage + " " +
         (cfg.load_in_4bit ? "4-bit NF4 (computing in " + dname + ")" : dname) +
-        " base, " + std::to_string(cfg.max_seq_length) + " tokens per row" +
+        " base, " + std::to_string(cfg.max_seq_len) + " tokens per row" +
         (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") + "\n" +
         train::finetune_plan_table(fp);
     // A probe measures the chosen size and the next one up.

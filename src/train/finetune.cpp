@@ -58,10 +58,6 @@ const config::Schema& finetune_schema() {
                  "prompt/completion or text; every 20th record validates",
          .aliases = {"dataset", "train_file", "chat_data"}});
     s.add(
-        {.key = "data_dir",
-         .access = field(&C::data_dir),
-         .help = "where tokenized data is cached (\"\": $ORCHARD_HOME)"});
-    s.add(
         {.key = "chat_template",
          .access = field(&C::chat_template),
          .help = "how conversations are rendered: auto (the model folder's "
@@ -95,20 +91,8 @@ const config::Schema& finetune_schema() {
                  "o_proj, gate_proj, up_proj, down_proj]; short names "
                  "and all-linear work)",
          .aliases = {"target_modules", "lora_target_modules"}});
-    s.add(
-        {.key = "max_seq_length",
-         .access = field(&C::max_seq_length),
-         .help = "tokens per row; longer conversations are truncated (1024)",
-         .aliases = {"max_seq_len", "max_length"},
-         .min = 8});
-    s.add(
-        {.key = "device_batch_size",
-         .access = field(&C::device_batch_size),
-         .help = "rows per micro-step (auto: the largest the memory "
-                 "estimate fits, up to 16)",
-         .env = "DEVICE_BATCH_SIZE",
-         .aliases = {"per_device_train_batch_size", "batch_size"},
-         .min = 1});
+    train::add_training_options(
+        s, train::Spelling::transformers, train::training_part<C>);
     s.add(
         {.key = "gradient_accumulation_steps",
          .access = field(&C::gradient_accumulation_steps),
@@ -132,47 +116,6 @@ const config::Schema& finetune_schema() {
                  "(true) or one padded conversation per row (false)",
          .aliases = {"packing"}});
     s.add(
-        {.key = "num_train_epochs",
-         .access = field(&C::num_train_epochs),
-         .help = "passes over the training data (1; a fraction works)",
-         .aliases = {"epochs"},
-         .min = 0.0001});
-    s.add(
-        {.key = "max_steps",
-         .access = field(&C::max_steps),
-         .help = "optimizer steps; wins over num_train_epochs",
-         .aliases = {"num_iterations", "iters"},
-         .min = 1});
-    s.add(
-        {.key = "learning_rate",
-         .access = field(&C::learning_rate),
-         .help = "peak learning rate (auto: 2e-4 lora, 1e-5 full)",
-         .aliases = {"lr"},
-         .min = 0});
-    s.add(
-        {.key = "weight_decay",
-         .access = field(&C::weight_decay),
-         .help = "AdamW weight decay (0)",
-         .min = 0});
-    s.add(
-        {.key = "warmup_steps",
-         .access = field(&C::warmup_steps),
-         .help = "linear warmup steps (0)",
-         .min = 0});
-    s.add(
-        {.key = "warmdown_ratio",
-         .access = field(&C::warmdown_ratio),
-         .help = "share of the run over which the rate decays linearly to "
-                 "zero (1: transformers' linear schedule; 0: constant)",
-         .min = 0,
-         .max = 1});
-    s.add(
-        {.key = "max_grad_norm",
-         .access = field(&C::max_grad_norm),
-         .help = "gradient clipping norm (1; 0 = off)",
-         .aliases = {"grad_clip"},
-         .min = 0});
-    s.add(
         {.key = "optim",
          .access = field(&C::optim),
          .help = "optimizer: adamw_torch (AdamW)",
@@ -195,12 +138,6 @@ const config::Schema& finetune_schema() {
          .help = "1e-8",
          .min = 0});
     s.add(
-        {.key = "dtype",
-         .access = field(&C::dtype),
-         .help = "lora: the frozen base's dtype; full: autocast's (auto: "
-                 "bfloat16 on CUDA 8.0+ and MPS, else float32)",
-         .choices = {"auto", "float32", "bfloat16", "float16"}});
-    s.add(
         {.key = "fp16",
          .access = field(&C::fp16),
          .help = "transformers' switch: dtype=float16"});
@@ -218,57 +155,13 @@ const config::Schema& finetune_schema() {
          .access = field(&C::load_in_4bit),
          .help = "lora: the base's layer projections in 4 bits (NF4, as "
                  "QLoRA): about a quarter of the memory, slower steps"});
-    s.add(
-        {.key = "memory_fraction",
-         .access = field(&C::memory_fraction),
-         .help = "share of usable memory the batch estimate fills (0.8)",
-         .min = 0.05,
-         .max = 1});
-    s.add(
-        {.key = "run",
-         .access = field(&C::run),
-         .help = "run name (\"\": the model folder's name); the run folder "
-                 "is runs/<stage>/<run>"});
-    s.add(
-        {.key = "run_dir",
-         .access = field(&C::run_dir),
-         .help = "the run folder itself (\"\": runs/<stage>/<run>)",
-         .aliases = {"output_dir"}});
-    s.add(
-        {.key = "resume",
-         .access = field(&C::resume),
-         .help = "auto (the run's newest checkpoint), never, or a "
-                 "checkpoint folder"});
-    s.add(
-        {.key = "save_steps",
-         .access = field(&C::save_steps),
-         .help = "steps between checkpoints (100)",
-         .aliases = {"save_every"},
-         .min = 1});
-    s.add(
-        {.key = "save_total_limit",
-         .access = field(&C::save_total_limit),
-         .help = "checkpoints kept (3; 0 = all)",
-         .min = 0});
-    s.add(
-        {.key = "eval_steps",
-         .access = field(&C::eval_steps),
-         .help = "steps between validation losses (100)",
-         .aliases = {"eval_every"},
-         .min = 1});
-    s.add(
-        {.key = "eval_tokens",
-         .access = field(&C::eval_tokens),
-         .help = "tokens of held-out records per evaluation (16384)",
-         .min = 1});
-    s.add({.key = "seed", .access = field(&C::seed), .help = "42"});
     return s;
   }();
   return schema;
 }
 
 int64_t finetune_rows_per_step(const FinetuneConfig& cfg) {
-  const int64_t T = cfg.max_seq_length;
+  const int64_t T = cfg.max_seq_len;
   int64_t rows = cfg.device_batch_size.value_or(kDefaultRowsPerDevice) *
       cfg.gradient_accumulation_steps;
   if (cfg.total_batch_size) {
@@ -353,7 +246,7 @@ TrainableModel load_for_training(
   models::LoadOptions lo;
   lo.device = dev;
   lo.dtype = lora ? dtype : torch::kFloat32;
-  lo.context = cfg.max_seq_length;
+  lo.context = cfg.max_seq_len;
   lo.load_in_4bit = lora && cfg.load_in_4bit;
   TrainableModel t;
   t.model = models::load_hf_model(cfg.model, lo);
@@ -378,7 +271,7 @@ Optimizers finetune_optimizers(
   std::vector<ParamGroup> groups = {
       {.name = lora ? "adapters" : "weights",
        .params = std::move(trained),
-       .lr = cfg.learning_rate.value_or(lora ? 2e-4 : 1e-5),
+       .lr = cfg.lr.value_or(lora ? 2e-4 : 1e-5),
        .weight_decay = cfg.weight_decay,
        .muon = false}};
   OptimizerOptions oo;
@@ -398,7 +291,7 @@ FinetuneProbe measure_finetune_peak(
   const models::HfModelConfig mc = models::read_hf_config(cfg.model);
   const torch::ScalarType dtype = finetune_dtype(cfg, device);
   const Precision precision = finetune_precision(cfg, device, dtype);
-  const int64_t T = cfg.max_seq_length;
+  const int64_t T = cfg.max_seq_len;
   const uint64_t base = probe_baseline(dev);
   uint64_t peak = 0;
   {
@@ -444,7 +337,7 @@ TrainResult run_finetune(
         "load_in_4bit=true holds a frozen base in 4 bits for stage=lora; "
         "stage=full trains every weight and needs them in full precision. "
         "Use stage=lora, or drop load_in_4bit.");
-  const int64_t T = cfg.max_seq_length;
+  const int64_t T = cfg.max_seq_len;
   if (T > mc.max_position_embeddings)
     throw UserError(
         "max_seq_length=" + std::to_string(T) +
@@ -466,10 +359,10 @@ TrainResult run_finetune(
       !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
-  if (!origins.count("max_seq_length") && T != FinetuneConfig{}.max_seq_length)
+  if (!origins.count("max_seq_length") && T != FinetuneConfig{}.max_seq_len)
     log("Sequences: max_seq_length=" + std::to_string(T) +
         ", the model's max_position_embeddings (the default " +
-        std::to_string(FinetuneConfig{}.max_seq_length) +
+        std::to_string(FinetuneConfig{}.max_seq_len) +
         " is longer than it reads).");
   FinetuneConfig written = cfg;
   config::write_yaml(
@@ -524,12 +417,12 @@ TrainResult run_finetune(
   const int64_t rows_per_epoch = cfg.pack
       ? std::max<int64_t>(1, int64_t(train_file->total_tokens()) / T)
       : int64_t(train_file->size());
-  const int64_t total = cfg.max_steps
-      ? *cfg.max_steps
+  const int64_t total = cfg.num_iterations
+      ? *cfg.num_iterations
       : std::max<int64_t>(
             1,
             int64_t(std::ceil(
-                cfg.num_train_epochs.value_or(1.0) * double(rows_per_epoch) /
+                cfg.epochs.value_or(1.0) * double(rows_per_epoch) /
                 double(B * accum))));
 
   // The model.
@@ -606,12 +499,12 @@ TrainResult run_finetune(
       .micro_batch = B,
       .grad_accum = accum,
       .tokens_per_step = B * accum * T,
-      .grad_clip = cfg.max_grad_norm,
+      .grad_clip = cfg.grad_clip,
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
-      .eval_every = cfg.eval_steps,
+      .eval_every = cfg.eval_every,
       .sample_every = 0,
-      .save_every = cfg.save_steps,
+      .save_every = cfg.save_every,
       .save_total_limit = cfg.save_total_limit,
       .resume = cfg.resume};
   Trainer trainer(to, task, optimizers, log);

@@ -21,6 +21,7 @@
 #include "core/device.h"
 #include "models/hf/model.h"
 #include "train/pretrain.h"
+#include "train/training_config.h"
 
 #include <cstdint>
 #include <optional>
@@ -29,11 +30,22 @@
 
 namespace orchard::train {
 
-struct FinetuneConfig {
+struct FinetuneConfig : TrainingConfig {
+  // The shared knobs (train/training_config.h) at transformers' defaults:
+  // rows of 1024 tokens (fewer when the model has fewer positions), one
+  // epoch unless max_steps is set, a linear decay to zero, evaluation and a
+  // checkpoint every 100 steps.
+  FinetuneConfig() {
+    max_seq_len = 1024;
+    num_iterations.reset();
+    warmdown_ratio = 1.0;
+    eval_every = 100;
+    save_every = 100;
+  }
+
   std::string stage = "lora";    // lora | full
   std::string model;             // a Hugging Face model folder
   std::vector<std::string> data; // JSONL files or folders
-  std::string data_dir; // "": $ORCHARD_HOME (tokenized data is cached there)
   // auto: the model folder's own Jinja chat template; or a built-in family
   // (llama3, chatml, mistral, orchard) for a template Orchard cannot render.
   std::string chat_template = "auto";
@@ -43,48 +55,30 @@ struct FinetuneConfig {
   double lora_dropout = 0.0;
   std::vector<std::string> lora_target_modules = models::llama_projections();
 
-  int64_t max_seq_length = 1024;
   // The recipe is the effective batch, the same on every machine: rows per
   // optimizer step = device_batch_size x gradient_accumulation_steps as
   // written (kDefaultRowsPerDevice for an auto device_batch_size), or
-  // total_batch_size / max_seq_length when that is set. With
+  // total_batch_size / max_seq_len when that is set. With
   // device_batch_size=auto the machine picks the micro-batch (a divisor of
   // the rows that fits) and accumulation makes up the rest.
-  std::optional<int64_t> device_batch_size; // auto: the memory estimate's
   int64_t gradient_accumulation_steps = 1;
   std::optional<int64_t> total_batch_size; // tokens per optimizer step
   bool pack = true; // whole conversations back to back in each row
-  std::optional<double> num_train_epochs; // default 1 when max_steps unset
-  std::optional<int64_t> max_steps;
 
-  std::optional<double> learning_rate; // auto: 2e-4 lora, 1e-5 full
-  double weight_decay = 0.0;
-  int64_t warmup_steps = 0;
-  double warmdown_ratio = 1.0; // transformers' linear decay to zero
-  double max_grad_norm = 1.0;
+  // lr (shared): auto = 2e-4 lora, 1e-5 full.
   std::string optim = "adamw_torch";
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
 
-  // lora: the base weights' dtype; full: autocast's (weights stay float32).
-  // auto: bfloat16 on CUDA (compute capability 8+) and MPS, float32 on
-  // the CPU and older GPUs. fp16 / bf16 are transformers' switches.
-  std::string dtype = "auto";
+  // dtype (shared) -- lora: the base weights' dtype; full: autocast's
+  // (weights stay float32). auto: bfloat16 on CUDA (compute capability 8+),
+  // float32 on MPS, the CPU and older GPUs. fp16 / bf16 are transformers'
+  // switches.
   bool fp16 = false, bf16 = false;
   bool gradient_checkpointing = true;
   // lora: hold the layers' projections in 4 bits (NF4, QLoRA), the name
   // transformers' BitsAndBytesConfig uses; the base's dtype above is then
   // the compute dtype and that of everything else (embeddings, norms).
   bool load_in_4bit = false;
-  double memory_fraction = 0.8;
-
-  std::string run; // "": the model folder's name
-  std::string run_dir;
-  std::string resume = "auto";
-  int64_t save_steps = 100;
-  int64_t save_total_limit = 3;
-  int64_t eval_steps = 100;
-  int64_t eval_tokens = 16384;
-  int64_t seed = 42;
 };
 
 const config::Schema& finetune_schema();

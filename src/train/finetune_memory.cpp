@@ -55,7 +55,7 @@ FinetuneMemory finetune_memory(
   const double b = double(dtype_bytes(lora ? base_dtype : torch::kFloat32));
   const double act_b = double(dtype_bytes(base_dtype));
   const double params = double(model_parameter_count(m));
-  const double T = double(cfg.max_seq_length), C = double(m.hidden_size);
+  const double T = double(cfg.max_seq_len), C = double(m.hidden_size);
   const double I = double(m.intermediate_size), L = double(m.num_hidden_layers);
   const double kv = double(m.num_key_value_heads * m.head_dim);
   r.weights = params * b;

@@ -89,25 +89,8 @@ const config::Schema& pretrain_schema() {
                  "(0.005: one in 200)",
          .min = 0.0001,
          .max = 0.5});
-    s.add(
-        {.key = "data_dir",
-         .access = field(&C::data_dir),
-         .help =
-             "cache for tokenizers and token shards (\"\": ~/.cache/orchard)",
-         .env = "ORCHARD_HOME"});
-    s.add(
-        {.key = "max_seq_len",
-         .access = field(&C::max_seq_len),
-         .help = "tokens per sequence (256; 2048 for GPT-2 class)",
-         .aliases = {"max_seq_length"},
-         .min = 1});
-    s.add(
-        {.key = "device_batch_size",
-         .access = field(&C::device_batch_size),
-         .help = "sequences per micro-step (auto: the largest that fits)",
-         .env = "DEVICE_BATCH_SIZE",
-         .aliases = {"per_device_train_batch_size"},
-         .min = 1});
+    train::add_training_options(
+        s, train::Spelling::nanochat, train::training_part<C>);
     s.add(
         {.key = "total_batch_size",
          .access = field(&C::total_batch_size),
@@ -121,26 +104,6 @@ const config::Schema& pretrain_schema() {
          .help = "recompute each block in the backward to save memory (auto: "
                  "on only when nothing fits without it)",
          .choices = {"auto", "true", "false"}});
-    s.add(
-        {.key = "memory_fraction",
-         .access = field(&C::memory_fraction),
-         .help = "share of usable memory the planner may fill (0.8)",
-         .min = 0.05,
-         .max = 1});
-    s.add(
-        {.key = "num_iterations",
-         .access = field(&C::num_iterations),
-         .help = "optimizer steps (100; auto: one pass over the data)",
-         .env = "BASE_ITERATIONS",
-         .aliases = {"max_steps"},
-         .min = 1});
-    s.add(
-        {.key = "epochs",
-         .access = field(&C::epochs),
-         .help = "passes over the training data (auto; instead of "
-                 "num_iterations)",
-         .aliases = {"num_train_epochs"},
-         .min = 0});
     s.add(
         {.key = "target_tokens",
          .access = field(&C::target_tokens),
@@ -165,13 +128,6 @@ const config::Schema& pretrain_schema() {
                  "embedding and lm_head, or adamw for all (muon)",
          .choices = {"adamw", "muon"}});
     s.add(
-        {.key = "lr",
-         .access = field(&C::lr),
-         .help = "peak learning rate of the transformer's matrices (auto: "
-                 "3e-3 with AdamW, 0.02 with Muon)",
-         .aliases = {"matrix_lr", "learning_rate"},
-         .min = 0});
-    s.add(
         {.key = "embedding_lr",
          .access = field(&C::embedding_lr),
          .help = "peak learning rate of the token embedding (3e-2)",
@@ -181,35 +137,6 @@ const config::Schema& pretrain_schema() {
          .access = field(&C::unembedding_lr),
          .help = "peak learning rate of lm_head (3e-3)",
          .min = 0});
-    s.add(
-        {.key = "warmup_steps",
-         .access = field(&C::warmup_steps),
-         .help = "steps of linear warmup (0)",
-         .min = 0});
-    s.add(
-        {.key = "warmdown_ratio",
-         .access = field(&C::warmdown_ratio),
-         .help =
-             "share of the steps over which the learning rate falls to 0 (0.2)",
-         .min = 0,
-         .max = 1});
-    s.add(
-        {.key = "weight_decay",
-         .access = field(&C::weight_decay),
-         .help = "decoupled weight decay of the matrices (0.0)",
-         .min = 0});
-    s.add(
-        {.key = "grad_clip",
-         .access = field(&C::grad_clip),
-         .help = "clip the gradient norm to this (1.0; 0 turns it off)",
-         .aliases = {"max_grad_norm"},
-         .min = 0});
-    s.add(
-        {.key = "dtype",
-         .access = field(&C::dtype),
-         .help = "compute precision (auto: bfloat16 on CUDA, float32 on "
-                 "MPS and CPU)",
-         .choices = {"auto", "float32", "bfloat16", "float16"}});
     s.add(
         {.key = "ema",
          .access = field(&C::ema),
@@ -222,44 +149,14 @@ const config::Schema& pretrain_schema() {
          .min = 0,
          .max = 1});
     s.add(
-        {.key = "seed",
-         .access = field(&C::seed),
-         .help = "seed for initialisation, data order and sampling (42)"});
-    s.add(
         {.key = "tokenizer",
          .access = field(&C::tokenizer),
          .help =
              "tokenizer folder (\"\": train one on the data and cache it)"});
     s.add(
-        {.key = "resume",
-         .access = field(&C::resume),
-         .help = "auto: continue from the run's newest checkpoint; never; or a "
-                 "checkpoint folder"});
-    s.add(
         {.key = "keep_best",
          .access = field(&C::keep_best),
          .help = "also keep the checkpoint with the best validation loss"});
-    s.add(
-        {.key = "run",
-         .access = field(&C::run),
-         .help = "run name: the folder runs/<stage>/<run> (\"\": the model "
-                 "tag, e.g. d6)"});
-    s.add(
-        {.key = "run_dir",
-         .access = field(&C::run_dir),
-         .help = "put the run folder here instead of runs/<stage>/<run>"});
-    s.add(
-        {.key = "eval_every",
-         .access = field(&C::eval_every),
-         .help = "steps between validation losses (50; 0: only at the end)",
-         .aliases = {"eval_steps"},
-         .min = 0});
-    s.add(
-        {.key = "eval_tokens",
-         .access = field(&C::eval_tokens),
-         .help = "validation tokens per evaluation (16384)",
-         .env = "EVAL_TOKENS",
-         .min = 1});
     s.add(
         {.key = "split_tokens",
          .access = field(&C::split_tokens),
@@ -271,17 +168,6 @@ const config::Schema& pretrain_schema() {
         {.key = "sample_every",
          .access = field(&C::sample_every),
          .help = "steps between printed samples (50; 0: never)",
-         .min = 0});
-    s.add(
-        {.key = "save_every",
-         .access = field(&C::save_every),
-         .help = "steps between checkpoints (25; 0: only at the end)",
-         .aliases = {"save_steps"},
-         .min = 0});
-    s.add(
-        {.key = "save_total_limit",
-         .access = field(&C::save_total_limit),
-         .help = "checkpoints kept, newest first (3; 0 keeps all)",
          .min = 0});
     return s;
   }();

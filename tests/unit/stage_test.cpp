@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "train/finetune.h"
 #include "train/pretrain_config.h"
+#include "train/training_config.h"
 
 #include <gtest/gtest.h>
 
@@ -92,13 +93,74 @@ TEST(Stage, EverySectionTakesBothSpellingsOfTheSharedKnobs) {
        "grad_clip=0.5",
        "epochs=2"}));
   const auto& f = section<train::FinetuneConfig>(*lora);
-  EXPECT_EQ(f.max_steps, 7);
-  EXPECT_EQ(f.save_steps, 3);
-  EXPECT_EQ(f.eval_steps, 2);
+  EXPECT_EQ(f.num_iterations, 7);
+  EXPECT_EQ(f.save_every, 3);
+  EXPECT_EQ(f.eval_every, 2);
   EXPECT_EQ(f.device_batch_size, 2);
-  EXPECT_EQ(f.max_seq_length, 64);
-  EXPECT_EQ(f.max_grad_norm, 0.5);
-  EXPECT_EQ(f.num_train_epochs, 2.0);
+  EXPECT_EQ(f.max_seq_len, 64);
+  EXPECT_EQ(f.grad_clip, 0.5);
+  EXPECT_EQ(f.epochs, 2.0);
+}
+
+// The shared knobs are one declaration (train/training_config.h): every
+// section takes the same keys with the same bounds and checks; a section
+// chooses only its defaults and which spelling its config.yaml writes.
+TEST(Stage, TheSharedKnobsAreDeclaredOnceWithEachStagesDefaults) {
+  config::Schema nanochat("shared"), transformers("shared");
+  train::add_training_options(
+      nanochat,
+      train::Spelling::nanochat,
+      train::training_part<train::TrainingConfig>);
+  train::add_training_options(
+      transformers,
+      train::Spelling::transformers,
+      train::training_part<train::TrainingConfig>);
+  ASSERT_GE(nanochat.options().size(), 20u);
+  ASSERT_EQ(nanochat.options().size(), transformers.options().size());
+  for (const Stage* s : all_stages()) {
+    // The spelling the section writes: its key for the row length.
+    const config::Option* row = s->schema().find("max_seq_len");
+    ASSERT_NE(row, nullptr) << s->name();
+    const config::Schema& shared =
+        row->key == "max_seq_len" ? nanochat : transformers;
+    for (const auto& o : shared.options()) {
+      // The same key, aliases, bounds, choices and variable.
+      const config::Option* mine = s->schema().find(o.key);
+      ASSERT_NE(mine, nullptr) << s->name() << " lacks " << o.key;
+      EXPECT_EQ(mine->key, o.key) << s->name();
+      EXPECT_EQ(mine->aliases, o.aliases) << s->name() << " " << o.key;
+      EXPECT_EQ(mine->min, o.min) << s->name() << " " << o.key;
+      EXPECT_EQ(mine->max, o.max) << s->name() << " " << o.key;
+      EXPECT_EQ(mine->choices, o.choices) << s->name() << " " << o.key;
+      EXPECT_EQ(mine->env, o.env) << s->name() << " " << o.key;
+    }
+  }
+  // Per-stage defaults of one field.
+  const PretrainConfig gpt;
+  const train::FinetuneConfig ft;
+  EXPECT_EQ(gpt.warmdown_ratio, 0.2);
+  EXPECT_EQ(ft.warmdown_ratio, 1.0);
+  EXPECT_EQ(gpt.max_seq_len, 256);
+  EXPECT_EQ(ft.max_seq_len, 1024);
+  EXPECT_EQ(gpt.num_iterations, 100);
+  EXPECT_FALSE(ft.num_iterations.has_value());
+  // Each section writes its own spelling; the value is the same field.
+  auto base = configure(with({"max_seq_length=64", "save_steps=5"}));
+  auto lora = configure(with({"stage=lora", "max_seq_len=64", "save_every=5"}));
+  const std::string base_yaml =
+      config::to_yaml(base->stage->schema(), base->fields(), base->origins);
+  const std::string lora_yaml =
+      config::to_yaml(lora->stage->schema(), lora->fields(), lora->origins);
+  EXPECT_NE(base_yaml.find("\nmax_seq_len: 64"), std::string::npos)
+      << base_yaml;
+  EXPECT_NE(base_yaml.find("\nsave_every: 5"), std::string::npos);
+  EXPECT_NE(lora_yaml.find("\nmax_seq_length: 64"), std::string::npos)
+      << lora_yaml;
+  EXPECT_NE(lora_yaml.find("\nsave_steps: 5"), std::string::npos);
+  // A shared knob's bounds hold in every section.
+  EXPECT_THROW(configure(with({"stage=lora", "warmdown_ratio=2"})), UserError);
+  EXPECT_THROW(configure(with({"warmdown_ratio=2"})), UserError);
+  EXPECT_THROW(configure(with({"stage=full", "dtype=int8"})), UserError);
 }
 
 TEST(Stage, AnUnknownStageNamesTheStages) {
