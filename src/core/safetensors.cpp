@@ -1,5 +1,6 @@
 #include "core/safetensors.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json.h"
@@ -162,6 +163,7 @@ File File::open(const std::string& path) {
   if (!header.is_object())
     corrupt(path, "the header is not a JSON object");
   uint64_t data_size = size - 8 - header_len;
+  f.data_begin_ = 8 + header_len;
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -263,13 +265,27 @@ std::string dtype_name(torch::ScalarType type) {
       " to safetensors (supported: " + supported_list() + ").");
 }
 
+void File::verify_checksum() const {
+  auto want = metadata_.find(kDataChecksumKey);
+  if (want == metadata_.end())
+    return;
+  const uint32_t got =
+      crc32c(map_->data() + data_begin_, map_->size() - data_begin_);
+  if (crc_hex(got) != want->second)
+    throw UserError(
+        "'" + path_ +
+        "' is damaged: its bytes changed since it was written (the "
+        "checksum it records, " +
+        want->second + ", does not match " + crc_hex(got) +
+        "). Restore it from a backup or write it again.");
+}
+
 void save(
     const std::string& path,
     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata,
+    bool with_checksum) {
   json header = json::object();
-  if (!metadata.empty())
-    header["__metadata__"] = metadata;
   std::vector<torch::Tensor> data;
   std::set<std::string> seen;
   uint64_t offset = 0;
@@ -287,6 +303,16 @@ void save(
     offset += nbytes;
     data.push_back(t);
   }
+  std::map<std::string, std::string> meta = metadata;
+  if (with_checksum) {
+    uint32_t crc = 0;
+    for (const auto& t : data)
+      if (t.numel() > 0)
+        crc = crc32c(t.data_ptr(), t.numel() * t.element_size(), crc);
+    meta[kDataChecksumKey] = crc_hex(crc);
+  }
+  if (!meta.empty())
+    header["__metadata__"] = meta;
   std::string text = header.dump();
   // Pad with spaces so the data starts 8-byte aligned, as the reference
   // writer does; every tensor can then be mapped without a copy.

@@ -51,6 +51,11 @@ class File {
   const std::map<std::string, std::string>& metadata() const {
     return metadata_;
   }
+  // When the file records its data's CRC-32C (save()'s with_checksum),
+  // UserError naming the file if the data bytes no longer match it (changed
+  // in place since it was written); nothing when it records none, as files
+  // from other writers do.
+  void verify_checksum() const;
   bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;
   // A CPU tensor over the file's bytes (copy-on-write: writing to it never
@@ -63,7 +68,13 @@ class File {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
+  uint64_t data_begin_ = 0; // the data section's first byte in the file
 };
+
+// The __metadata__ key under which save(..., with_checksum) records the
+// CRC-32C of the data section (hex), for verify_checksum(). Other readers
+// (transformers, PEFT, the safetensors library) ignore it.
+inline constexpr const char* kDataChecksumKey = "orchard_data_crc32c";
 
 // A model's weights: one file, or the shards named by a Hugging Face
 // model.safetensors.index.json. `path` may be the file, the index, or the
@@ -73,6 +84,11 @@ class Reader {
   static Reader open(const std::string& path);
 
   std::vector<std::string> names() const; // sorted
+  // When the file records its data's CRC-32C (save()'s with_checksum),
+  // UserError naming the file if the data bytes no longer match it (changed
+  // in place since it was written); nothing when it records none, as files
+  // from other writers do.
+  void verify_checksum() const;
   bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;
   torch::Tensor get(const std::string& name) const;
@@ -92,10 +108,13 @@ std::map<std::string, torch::Tensor> load(const std::string& path);
 
 // Writes tensors (any device; copied to CPU) and metadata to `path`
 // atomically. Names must be unique and must not be "__metadata__".
+// With `with_checksum`, the data section's CRC-32C goes into the metadata
+// (kDataChecksumKey).
 void save(
     const std::string& path,
     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata = {});
+    const std::map<std::string, std::string>& metadata = {},
+    bool with_checksum = false);
 
 // "F32" <-> torch dtypes. Throws UserError for dtypes Orchard cannot hold.
 std::string dtype_name(torch::ScalarType type);

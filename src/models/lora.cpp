@@ -177,6 +177,7 @@ void load_adapter(
         "PyTorch's pickle format, is not read: save with "
         "safe_serialization=True).");
   auto f = safetensors::File::open(file);
+  f.verify_checksum();
   model.add_lora(spec, dtype);
   std::set<std::string> used;
   torch::NoGradGuard no_grad;
@@ -232,7 +233,8 @@ void save_adapter(
   safetensors::save(
       (fs::path(dir) / "adapter_model.safetensors").string(),
       tensors,
-      {{"format", "pt"}});
+      {{"format", "pt"}},
+      /*with_checksum=*/true);
   nlohmann::json j = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},

@@ -1,5 +1,6 @@
 #include "train/stage_data.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/machine.h"
@@ -12,7 +13,10 @@
 #include "text/chat_template.h"
 #include "text/tokenizer_io.h"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 namespace orchard::train {
@@ -38,17 +42,63 @@ std::string files_key(const std::vector<std::string>& files) {
   return key;
 }
 
-bool chat_file_intact(const std::string& path) {
+// Each cache folder's record of its files' sizes and CRC-32Cs, written
+// last into the folder before it is renamed into place.
+constexpr const char* kChecksums = "checksums.json";
+
+// Whether the cached files `paths` (of one folder) can be reused: each
+// opens with `open`, and matches the size and checksum the folder recorded
+// (a cache from before checksums were kept is trusted on opening alone).
+// A damaged file is named, and the cache prepared again.
+bool cache_intact(
+    const std::vector<std::string>& paths,
+    const std::function<void(const std::string&)>& open,
+    const std::function<void(const std::string&)>& say) {
+  if (paths.empty())
+    return false;
+  const fs::path record = fs::path(paths[0]).parent_path() / kChecksums;
+  nlohmann::json files;
+  if (fs::exists(record)) {
+    std::ifstream in(record);
+    files = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!files.is_object()) {
+      say("The record " + record.string() +
+          " is damaged; preparing the data again.");
+      return false;
+    }
+  }
   try {
-    data::ChatFile::open(path);
-    return true;
+    for (const auto& p : paths) {
+      open(p);
+      const std::string name = fs::path(p).filename().string();
+      if (files.is_null())
+        continue;
+      const FileChecksum got = checksum_file(p);
+      const auto want = files.find(name);
+      if (want == files.end() || !want->is_object() ||
+          want->value("bytes", uint64_t(0)) != got.bytes ||
+          want->value("crc32c", std::string()) != crc_hex(got.crc32c)) {
+        say("The cached file " + p +
+            " is damaged (its checksum changed); preparing the data again.");
+        return false;
+      }
+    }
   } catch (const UserError&) {
     return false;
   }
+  return true;
 }
 
-// Builds into a hidden folder and renames it into place, so a crash never
-// leaves a half-prepared cache that a later run would trust.
+void open_chat_file(const std::string& path) {
+  data::ChatFile::open(path);
+}
+void open_shard(const std::string& path) {
+  data::Shard::open(path);
+}
+
+// Builds into a hidden folder, records its files' checksums and renames it
+// into place, so a crash never leaves a half-prepared cache that a later
+// run would trust, and changed bytes are found (cache_intact).
 void build_atomically(
     const std::string& dir,
     const std::function<void(const std::string& tmp)>& build) {
@@ -56,6 +106,14 @@ void build_atomically(
   remove_tree(tmp);
   fs::create_directories(tmp);
   build(tmp);
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (e.is_regular_file()) {
+      const FileChecksum c = checksum_file(e.path().string());
+      files[e.path().filename().string()] = {
+          {"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
+    }
+  atomic_write((fs::path(tmp) / kChecksums).string(), files.dump(1));
   remove_tree(dir);
   fs::rename(tmp, dir);
 }
@@ -102,7 +160,7 @@ ChatData prepare_chat_data(
                 text::chat_template_fingerprint(tokenizer_dir, family));
   d.train = dir + "/train.chat";
   d.val = dir + "/val.chat";
-  if (chat_file_intact(d.train) && chat_file_intact(d.val))
+  if (cache_intact({d.train, d.val}, open_chat_file, say))
     return d;
   text::Tokenizer tok = text::load_tokenizer(tokenizer_dir);
   text::ChatTemplate tmpl =
@@ -164,16 +222,10 @@ MidData prepare_mid_data(
   MidData d;
   d.train_shards = data::find_shards(dir, "train");
   d.val_shards = data::find_shards(dir, "val");
-  bool intact = !d.train_shards.empty() && !d.val_shards.empty();
-  try {
-    for (const auto& p : d.train_shards)
-      data::Shard::open(p);
-    for (const auto& p : d.val_shards)
-      data::Shard::open(p);
-  } catch (const UserError&) {
-    intact = false;
-  }
-  if (intact)
+  std::vector<std::string> shards = d.train_shards;
+  shards.insert(shards.end(), d.val_shards.begin(), d.val_shards.end());
+  if (!d.train_shards.empty() && !d.val_shards.empty() &&
+      cache_intact(shards, open_shard, say))
     return d;
   say("Mixing conversations with " +
       std::to_string(int(cfg.mid_text_ratio * 100 + 0.5)) +

@@ -230,7 +230,8 @@ TEST_P(HfArch, PreparedForInferenceKeepsTheNumbers) {
   greedy.temperature = 0;
   greedy.max_new_tokens = 12;
   std::vector<int64_t> prompt = {1, 5, 9};
-  auto tokens = infer::Engine(model.ptr(), torch::kCPU).generate(prompt, greedy);
+  auto tokens =
+      infer::Engine(model.ptr(), torch::kCPU).generate(prompt, greedy);
   EXPECT_EQ(model->prepare_inference(), 7 * model->config.num_hidden_layers);
   for (auto& [name, proj] : model->projections())
     EXPECT_FALSE(proj->has_lora()) << name;
@@ -471,6 +472,20 @@ TEST(Lora, SavedAdapterRoundTripsInPeftsLayout) {
   again->eval();
   EXPECT_LT(max_diff(model->forward(ids), again->forward(ids)), 1e-6);
   EXPECT_GT(max_diff(model->forward(ids), load("qwen2")->forward(ids)), 1e-3);
+
+  // The adapter records its data's checksum: a byte changed in place (same
+  // size, still a valid file) is found on loading, naming the file.
+  const std::string file = tmp.file("adapter/adapter_model.safetensors");
+  std::string bytes = test::read_text(file);
+  bytes[bytes.size() - 2] ^= 0x10;
+  std::ofstream(file, std::ios::binary) << bytes;
+  auto msg = error_of([&] {
+    auto third = load("qwen2");
+    models::load_adapter(third, tmp.file("adapter"));
+  });
+  EXPECT_NE(msg.find("is damaged: its bytes changed"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("adapter_model.safetensors"), std::string::npos) << msg;
 }
 
 TEST(Lora, AdaptersOrchardCannotApplyAreRefused) {

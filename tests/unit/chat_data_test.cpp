@@ -4,8 +4,12 @@
 #include "data/chat_prep.h"
 #include "test_util.h"
 #include "text/bpe_train.h"
+#include "train/stage_data.h"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 namespace orchard::data {
 namespace {
@@ -201,6 +205,44 @@ TEST(ChatFile, DamageIsAClearError) {
   std::string bad = good;
   bad[0] = 'X';
   EXPECT_THROW(ChatFile::open(dir.write("magic.chat", bad)), UserError);
+}
+
+// A prepared chat cache (the tokenized conversations training reads) whose
+// bytes changed in place, same size, still opens as a .chat file: the
+// checksums its folder recorded find it, say so, and it is prepared again
+// rather than trained on.
+TEST(ChatPrep, ACachedChatFileWithChangedBytesIsPreparedAgain) {
+  TempDir dir;
+  std::string jsonl;
+  for (int i = 0; i < 30; ++i)
+    jsonl += R"({"messages": [{"role": "user", "content": "what is )" +
+        std::to_string(i) +
+        R"(?"}, {"role": "assistant", "content": "a number."}]})" + "\n";
+  const train::ChatDataSpec spec{
+      .files = {dir.write("chats.jsonl", jsonl)},
+      .data_dir = dir.file("home"),
+      .max_seq_len = 64,
+      .tokenizer_dir = std::string(ORCHARD_FIXTURES) + "/hf/llama"};
+  std::string said;
+  auto say = [&](const std::string& s) { said += s + "\n"; };
+  const train::ChatData first = train::prepare_chat_data(spec, say);
+  const std::string good = test::read_text(first.train);
+  ASSERT_TRUE(std::filesystem::exists(
+      std::filesystem::path(first.train).parent_path() / "checksums.json"));
+  // Untouched: reused, nothing prepared again.
+  said.clear();
+  train::prepare_chat_data(spec, say);
+  EXPECT_EQ(said, "");
+  // One token id changed: the file still opens.
+  std::string bad = good;
+  bad[bad.size() - 5] ^= 0x01;
+  std::ofstream(first.train, std::ios::binary) << bad;
+  ASSERT_NO_THROW(ChatFile::open(first.train));
+  const train::ChatData again = train::prepare_chat_data(spec, say);
+  EXPECT_NE(said.find("is damaged (its checksum changed)"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("train.chat"), std::string::npos) << said;
+  EXPECT_EQ(test::read_text(again.train), good);
 }
 
 } // namespace

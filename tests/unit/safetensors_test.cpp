@@ -186,6 +186,43 @@ TEST(Safetensors, WriterMatchesTheFileThePythonLibraryVerified) {
   EXPECT_TRUE(read_text(dir.file("o.safetensors")) == golden);
 }
 
+// save(..., with_checksum) records the data's CRC-32C; verify_checksum()
+// finds any data byte changed in place, which the format alone cannot
+// (the header still parses, every offset still fits).
+TEST(Safetensors, ARecordedChecksumFindsChangedDataBytes) {
+  TempDir dir;
+  const auto a = torch::randn({4, 8}), b = torch::arange(10);
+  safetensors::save(
+      dir.file("c.safetensors"),
+      {{"a", a}, {"b", b}},
+      {{"format", "pt"}},
+      true);
+  auto f = safetensors::File::open(dir.file("c.safetensors"));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  EXPECT_EQ(f.metadata().count(safetensors::kDataChecksumKey), 1u);
+  EXPECT_NO_THROW(f.verify_checksum());
+  EXPECT_TRUE(torch::equal(f.get("a"), a));
+  // Every data byte counts, the first and the last.
+  const std::string good = test::read_text(dir.file("c.safetensors"));
+  const size_t data_begin = good.size() - size_t(4 * 8 * 4 + 10 * 8);
+  for (size_t at : {data_begin, good.size() - 1}) {
+    std::string bad = good;
+    bad[at] ^= 0x01;
+    const std::string path = dir.write("bad.safetensors", bad);
+    auto g = safetensors::File::open(path);
+    try {
+      g.verify_checksum();
+      ADD_FAILURE() << "a changed byte at " << at << " went unnoticed";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos);
+    }
+  }
+  // A file without a recorded checksum (other writers) is not refused.
+  safetensors::save(dir.file("plain.safetensors"), {{"a", a}});
+  EXPECT_NO_THROW(
+      safetensors::File::open(dir.file("plain.safetensors")).verify_checksum());
+}
+
 TEST(Safetensors, EveryCorruptionIsAClearError) {
   TempDir dir;
   struct Case {
