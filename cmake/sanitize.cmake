@@ -2,8 +2,9 @@
 #
 # A full build of everything under AddressSanitizer takes too long for CI's
 # two cores, so this one compiles only what orchard_fuzz_tests needs: the
-# readers' layers (core, text, data) and what models/lora.cpp (the adapter
-# config reader) pulls in (models, ops). libtorch itself is not
+# readers' layers (core, text, data), what models/lora.cpp (the adapter
+# config reader) pulls in (models, ops), and the server the HTTP campaign
+# talks to (serve, with infer and runs below it). libtorch itself is not
 # instrumented; only Orchard's code is.
 # -Wno-maybe-uninitialized: at -O1 GCC 12 reports libtorch's own headers
 # (c10::optional<at::Generator>).
@@ -15,9 +16,17 @@ file(GLOB_RECURSE ORCHARD_READER_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_SOURCE_DIR}/src/text/*.cpp
   ${CMAKE_SOURCE_DIR}/src/data/*.cpp
   ${CMAKE_SOURCE_DIR}/src/ops/*.cpp
-  ${CMAKE_SOURCE_DIR}/src/models/*.cpp)
-add_library(orchard_reader_lib STATIC ${ORCHARD_READER_SOURCES} ${ORCHARD_PRESETS_CPP})
+  ${CMAKE_SOURCE_DIR}/src/models/*.cpp
+  ${CMAKE_SOURCE_DIR}/src/runs/*.cpp
+  ${CMAKE_SOURCE_DIR}/src/infer/*.cpp
+  ${CMAKE_SOURCE_DIR}/src/serve/*.cpp)
+add_library(orchard_reader_lib STATIC ${ORCHARD_READER_SOURCES} ${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP})
 target_include_directories(orchard_reader_lib PUBLIC ${CMAKE_SOURCE_DIR}/src)
+target_include_directories(orchard_reader_lib PUBLIC ${HTTPLIB_INCLUDE})
+if(HTTPLIB_LIBRARY)
+  target_link_libraries(orchard_reader_lib PUBLIC ${HTTPLIB_LIBRARY})
+  target_compile_options(orchard_reader_lib PUBLIC ${HTTPLIB_CFLAGS_OTHER})
+endif()
 target_link_libraries(orchard_reader_lib PUBLIC
   ${TORCH_LIBRARIES} yaml-cpp nlohmann_json::nlohmann_json Threads::Threads
   PkgConfig::PCRE2)
@@ -32,7 +41,7 @@ if(ORCHARD_WITH_CUDA)
 endif()
 target_precompile_headers(orchard_reader_lib PRIVATE ${CMAKE_SOURCE_DIR}/src/core/pch.h)
 orchard_skip_pch_without_torch(${ORCHARD_READER_SOURCES})
-set_source_files_properties(${ORCHARD_PRESETS_CPP} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+set_source_files_properties(${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
 
 enable_testing()
 find_package(GTest REQUIRED)

@@ -155,7 +155,8 @@ std::vector<text::Message> messages_of(
       content = c.get<std::string>();
     } else if (c.is_array()) { // [{"type": "text", "text": ...}]
       for (const auto& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" ||
+        if (!part.is_object() ||
+            part.value("type", json(nullptr)) != json("text") ||
             !part.contains("text") || !part["text"].is_string())
           throw BadRequest{
               where +

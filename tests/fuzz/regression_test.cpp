@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "fuzz/fuzz_harness.h"
 #include "fuzz/readers.h"
+#include "serve/request.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -301,6 +302,21 @@ TEST(FuzzRegression, AdapterConfigWrongTypes) {
             tmp.path().string());
       },
       "is not valid JSON");
+}
+
+// serve-http, input 38 (seed 17): a content part whose "type" was a list
+// escaped as nlohmann's type_error, a 500; it is the client's 400.
+TEST(FuzzRegression, ServeContentPartTypeNotAString) {
+  const auto body = nlohmann::json::parse(
+      R"({"messages": [{"role": "user", "content": [{"text": "What does",
+          "type": ["text", ["text", "text"]]}]}]})");
+  try {
+    serve::messages_of(body, serve::ServeOptions{});
+    ADD_FAILURE() << "read without an error";
+  } catch (const serve::BadRequest& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages[0].content");
+  }
 }
 
 } // namespace
