@@ -107,8 +107,8 @@ torch::Tensor DecodeStep::run(
   torch::NoGradGuard no_grad;
   const int64_t B = idx.size(0);
   const int64_t capacity = cache.k.at(0).size(2);
-  const int64_t L = std::min(
-      capacity, (key_len + kKeyBucket - 1) / kKeyBucket * kKeyBucket);
+  const int64_t L =
+      std::min(capacity, (key_len + kKeyBucket - 1) / kKeyBucket * kKeyBucket);
   models::BatchKvCache rows = first_rows(cache, B);
   // Under autocast (samples drawn while training) the cast weights live in
   // autocast's cache, freed when its region ends: a graph would keep
@@ -127,15 +127,20 @@ torch::Tensor DecodeStep::run(
     g->idx = idx.clone();
     g->pos = pos.clone();
     torch::cuda::synchronize(idx.device().index());
-    auto stream =
-        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, idx.device().index());
+    auto stream = c10::cuda::getStreamFromPool(
+        /*isHighPriority=*/false, idx.device().index());
     try {
       c10::cuda::CUDAStreamGuard on_side_stream(stream);
       // Warm-up outside the capture (workspaces, cached tables): it writes
       // the same keys and values the real step does.
       model_->decode_batch(g->idx, g->pos, rows, L);
       stream.synchronize();
-      g->graph.capture_begin({pool_.first, pool_.second});
+      // Thread-local capture: what other threads do on the device (a
+      // server's or a test's other work) neither breaks this capture nor
+      // is refused because of it; only this thread is held to the
+      // capture's rules.
+      g->graph.capture_begin(
+          {pool_.first, pool_.second}, cudaStreamCaptureModeThreadLocal);
       try {
         g->out = model_->decode_batch(g->idx, g->pos, rows, L);
       } catch (...) {

@@ -40,7 +40,7 @@ int64_t sample_token(
     const SamplingOptions& opt,
     torch::Generator& gen) {
   auto logits = logits_in.to(torch::kCPU, torch::kFloat32).view({-1});
-  if (opt.temperature <= 0)
+  if (is_greedy(opt))
     return logits.argmax().item<int64_t>();
   logits = logits / opt.temperature;
   if (opt.top_k > 0 && opt.top_k < logits.size(0)) {
@@ -63,7 +63,8 @@ int64_t sample_token(
 torch::Generator make_generator(const torch::Device& d, uint64_t seed) {
 #ifdef ORCHARD_WITH_CUDA
   if (d.is_cuda()) {
-    auto g = at::cuda::detail::createCUDAGenerator(d.has_index() ? d.index() : 0);
+    auto g =
+        at::cuda::detail::createCUDAGenerator(d.has_index() ? d.index() : 0);
     g.set_current_seed(seed);
     return g;
   }
@@ -78,7 +79,8 @@ void Sampler::add_row(const SamplingOptions& opt) {
   // generator; elsewhere (MPS) from a CPU generator, copied over.
   const bool own = on_device_ && (device_.is_cuda() || device_.is_cpu());
   rows_.push_back(
-      {opt, make_generator(own ? device_ : torch::Device(torch::kCPU), opt.seed)});
+      {opt,
+       make_generator(own ? device_ : torch::Device(torch::kCPU), opt.seed)});
   dirty_ = true;
 }
 
@@ -124,8 +126,8 @@ void Sampler::refresh_columns() {
   std::vector<uint8_t> greedy;
   for (const Row& row : rows_) {
     const SamplingOptions& o = row.opt;
-    greedy.push_back(o.temperature <= 0);
-    temps.push_back(o.temperature <= 0 ? 1.0f : float(o.temperature));
+    greedy.push_back(is_greedy(o));
+    temps.push_back(is_greedy(o) ? 1.0f : float(o.temperature));
     ks.push_back(std::max<int64_t>(0, o.top_k));
     ps.push_back(o.top_p < 1 ? float(o.top_p) : 2.0f); // 2: never cuts
   }
@@ -156,7 +158,7 @@ torch::Tensor Sampler::sample_on_device(
   int64_t kmax = 0;
   for (int64_t r = 0; r < n; ++r) {
     const SamplingOptions& o = rows_[size_t(first + r)].opt;
-    if (o.temperature <= 0)
+    if (is_greedy(o))
       continue;
     all_greedy = false;
     if (o.top_k > 0 && o.top_k < V) {

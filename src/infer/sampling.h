@@ -28,7 +28,7 @@ struct SamplingOptions {
   int64_t top_k = 50;       // 0: off
   double top_p = 1.0;       // 1: off
   uint64_t seed = 42;
-  std::vector<int64_t> stop_tokens; // generation ends after one of these
+  std::vector<int64_t> stop_tokens;     // generation ends after one of these
   std::string sampling_device = "auto"; // auto | cpu | device
 };
 
@@ -37,6 +37,15 @@ struct SamplingOptions {
 // least one new token.
 constexpr double kMaxTemperature = 2.0;
 constexpr int64_t kMaxTopK = int64_t(1) << 20;
+// Temperatures below this sample greedily. At 1e-6 two logits 1e-4 apart
+// already differ in probability by e^-100, under float32's smallest
+// normal number, so sampling is the argmax anyway; and far below it
+// logits / temperature overflows float32 (1e-300 did: NaN probabilities,
+// found by fuzzing orchard serve).
+constexpr double kGreedyTemperature = 1e-6;
+inline bool is_greedy(const SamplingOptions& o) {
+  return o.temperature < kGreedyTemperature;
+}
 
 // "" when `opt` is within those ranges, else what is wrong, in the
 // command line's flag names (the server reports its own field names).

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "fuzz/fuzz_harness.h"
 #include "fuzz/readers.h"
+#include "infer/sampling.h"
 #include "serve/request.h"
 #include "test_util.h"
 
@@ -316,6 +317,30 @@ TEST(FuzzRegression, ServeContentPartTypeNotAString) {
   } catch (const serve::BadRequest& e) {
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(e.param, "messages[0].content");
+  }
+}
+
+// serve-http, input 424 (seed 17): "temperature": 1e-300 divided the logits
+// into infinities and NaN probabilities (a 500). A temperature that small
+// is greedy, on the CPU sampler and the device one, with top-k and top-p.
+TEST(FuzzRegression, ServeTinyTemperatureIsGreedy) {
+  torch::manual_seed(0);
+  const auto logits = torch::randn({3, 50}) * 30;
+  const auto want = logits.argmax(-1);
+  for (double t : {1e-300, 1e-40, 1e-7}) {
+    infer::SamplingOptions o;
+    o.temperature = t;
+    o.top_k = 20;
+    o.top_p = 0.9;
+    EXPECT_EQ(infer::sampling_problem(o), "");
+    auto gen = infer::make_generator(torch::kCPU, 1);
+    EXPECT_EQ(infer::sample_token(logits[1], o, gen), want[1].item<int64_t>())
+        << t;
+    o.sampling_device = "device"; // the device sampler, on the CPU here
+    infer::Sampler sampler(torch::kCPU);
+    for (int r = 0; r < 3; ++r)
+      sampler.add_row(o);
+    EXPECT_TRUE(torch::equal(sampler.sample(logits), want)) << t;
   }
 }
 

@@ -177,7 +177,7 @@ std::vector<std::string> seed_bodies() {
       {"top_p", 0.9},
       {"top_k", 20},
       {"seed", 3},
-      {"stop", {"\n"}}};
+      {"stop", json::array()}}; // stop strings are refused; [] is not
   json streamed = chat;
   streamed["stream"] = true;
   streamed["stream_options"] = {{"include_usage", true}};
@@ -287,8 +287,10 @@ TEST(Fuzz, ServeRequests) {
         throw std::runtime_error(
             "[fuzz] the answer is not HTTP: " + printable(answer, 300));
       // Whatever that was, the server still answers.
-      const std::string health =
-          exchange(s.port, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+      const std::string health = exchange(
+          s.port,
+          "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: "
+          "close\r\n\r\n");
       if (status_of(health) != 200)
         throw std::runtime_error(
             "[fuzz] /health stopped answering after this input: " +
