@@ -4,14 +4,16 @@
 #
 #   ./orchard.sh setup        install the system packages (apt or Homebrew)
 #   ./orchard.sh build        configure and build (Release) into build/
-#   ./orchard.sh test         setup + build + every test (ctest)
+#   ./orchard.sh test         setup + build + the fuzz tests under the
+#                             sanitizers (1 s per reader) + every test (ctest)
 #   ./orchard.sh quickstart   setup + build + doctor + the quick pipeline on
 #                             WordNet: base, mid and sft training, a report
 #                             and chat samples (key=value arguments go to
 #                             `orchard pipeline`)
-#   ./orchard.sh fuzz         build the readers and their fuzz tests under
-#                             AddressSanitizer + UBSan (build-sanitize/) and
-#                             run them (ORCHARD_FUZZ_SECONDS per reader)
+#   ./orchard.sh fuzz         build the readers, the server and their fuzz
+#                             tests under AddressSanitizer + UBSan
+#                             (build-sanitize/) and run them
+#                             (ORCHARD_FUZZ_SECONDS per reader, default 4)
 #
 # Environment: ORCHARD_BUILD_DIR (default build), ORCHARD_TORCH_PREFIX (a
 # libtorch to build against; default: PyTorch's when `python3 -c 'import
@@ -153,16 +155,24 @@ cmd_build() {
   fi
 }
 
+# Every test: first the fuzz campaigns under the sanitizers for a second
+# each (the subset of `./orchard.sh fuzz` that CI runs; ORCHARD_NO_SANITIZE=1
+# leaves it out while iterating), then every test in ctest. The benchmarks
+# are not built.
 cmd_test() {
   ORCHARD_SETUP_FOR_TESTS=1 cmd_setup
-  cmd_build
+  cmd_build orchard_tests
+  if [ "${ORCHARD_NO_SANITIZE:-}" != "1" ]; then
+    ORCHARD_FUZZ_SECONDS="${ORCHARD_FUZZ_SECONDS:-1}" cmd_fuzz
+  fi
   say "Testing"
   (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(jobs)")
 }
 
 # The fuzz tests under AddressSanitizer and UndefinedBehaviorSanitizer: a
-# separate build of only the readers and tests/fuzz (see
-# cmake/sanitize.cmake). A sanitizer report stops the run and names the input.
+# separate build of only the readers, the server and tests/fuzz (see
+# cmake/sanitize.cmake; about 7 minutes on 2 cores). A sanitizer report
+# stops the run and names the input.
 cmd_fuzz() {
   local prefix="${ORCHARD_TORCH_PREFIX:-$(python_torch_prefix)}"
   local dir="${ORCHARD_SANITIZE_BUILD_DIR:-$ROOT/build-sanitize}"
@@ -171,15 +181,15 @@ cmd_fuzz() {
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     say "Configuring the sanitizer build ($dir)"
     cmake -S "$ROOT" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DORCHARD_SANITIZE=ON ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"}
+      -DORCHARD_SANITIZE=ON ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} >/dev/null
   fi
-  say "Building the readers and the fuzz tests with -fsanitize=address,undefined"
+  say "Building the readers, the server and the fuzz tests with -fsanitize=address,undefined"
   cmake --build "$dir" -j "$(jobs)" --target orchard_fuzz_tests
   say "Fuzzing under the sanitizers (${ORCHARD_FUZZ_SECONDS:-4} s per reader)"
   (cd "$dir" && \
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" \
-    ./orchard_fuzz_tests)
+    ./orchard_fuzz_tests --gtest_brief=1)
 }
 
 cmd_quickstart() {

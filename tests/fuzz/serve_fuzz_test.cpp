@@ -62,6 +62,9 @@ struct LiveServer {
     o.port = 0;
     o.model_name = "fuzz";
     o.log_requests = false;
+    // One request at a time arrives here; 128 threads (the default) failed
+    // to start beside 11 other test processes on the 16-core CUDA machine.
+    o.threads = 8;
     server = std::make_unique<serve::Server>(*chat, o);
     port = server->bind();
     thread = std::thread([this] { server->run(); });
