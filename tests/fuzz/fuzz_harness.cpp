@@ -68,7 +68,8 @@ double env_number(const char* name, double fallback) {
 // time each (the budget per reader stays the same).
 constexpr double kDefaultSecondsPerReader = 4;
 constexpr double kDefaultInputSeconds = ORCHARD_FUZZ_ASAN ? 30 : 10;
-// Address space for the unsanitized build: far above what any reader needs
+// Address space for the unsanitized build, beyond what is mapped when the
+// guards start: far above what any reader needs
 // for these small inputs, far below what an unchecked size asks for.
 constexpr double kDefaultMemoryGb = 16;
 constexpr size_t kMaxFailuresReported = 5;
@@ -141,10 +142,20 @@ void start_guards() {
     sa.sa_flags = SA_ONSTACK;
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT})
       ::sigaction(sig, &sa, nullptr);
-    // Unbounded allocation shows as std::bad_alloc instead of swapping.
+    // Unbounded allocation shows as std::bad_alloc instead of swapping:
+    // the cap is what the process maps already plus ORCHARD_FUZZ_MEMORY_GB
+    // (a CUDA build of libtorch maps many GB before any reader runs; a
+    // fixed cap below that left no room to start a thread there).
     rlimit lim{};
-    const auto cap =
-        rlim_t(env_number("ORCHARD_FUZZ_MEMORY_GB", kDefaultMemoryGb) * 1e9);
+    double mapped = 0;
+    {
+      std::ifstream statm("/proc/self/statm");
+      statm >> mapped;
+      mapped *= double(::sysconf(_SC_PAGESIZE));
+    }
+    const auto cap = rlim_t(
+        mapped +
+        env_number("ORCHARD_FUZZ_MEMORY_GB", kDefaultMemoryGb) * 1e9);
     if (::getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur > cap) {
       lim.rlim_cur = cap;
       ::setrlimit(RLIMIT_AS, &lim);

@@ -229,6 +229,15 @@ const std::vector<std::string>& http_dictionary() {
 
 TEST(Fuzz, ServeRequests) {
   LiveServer s;
+  // The server's threads start before the campaign's guards cap the
+  // address space (on the CUDA machine libtorch's mappings leave too
+  // little under the cap to start a thread: "Resource temporarily
+  // unavailable").
+  const std::string ready =
+      "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  for (int i = 0; i < 100 && status_of(exchange(s.port, ready)) != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(status_of(exchange(s.port, ready)), 200);
   const auto bodies = seed_bodies();
   std::vector<std::string> seeds;
   for (const auto& b : bodies)
