@@ -9,6 +9,8 @@
 #   static cache + torch.compile when PEER_STATIC=1), and `orchard generate`
 #   from the command line on the 3B shape (llama3 tokenizer fixture copied
 #   in).
+# KERNELS=OFF leaves out the CUDA kernels of src/ops/cuda (on by default);
+# TESTS is the unit tests' gtest filter; NO_PEER=1 skips transformers.
 set -uo pipefail
 OUT="${OUT:-/tmp/orchard-out}"
 mkdir -p "$OUT"
@@ -18,7 +20,8 @@ source scripts/device_debs.sh
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 start=$(date +%s)
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DORCHARD_CUDA=${KERNELS:-ON} > "$OUT/configure.log" 2>&1 \
   || { tail -40 "$OUT/configure.log"; exit 1; }
 cmake --build build-cuda -j16 --target orchard orchard_unit_tests orchard_golden_tests orchard_bench_decode \
   > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
@@ -28,7 +31,7 @@ M=/tmp/llama-3.2-3b-shape Q=/tmp/qwen-0.5b-shape
   [ -f $Q/config.json ] || python3 bench/peers/lora_step.py --make-qwen $Q 2>&1 | grep -v Warn | tail -1
   cp tests/fixtures/tokenizers/llama3/* $M/ ) > "$OUT/make_models.log" 2>&1 &
 maker=$!
-./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-Decode.*:Attention.*:Engine.*:BatchEngine.*:Serve.*}" \
+./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-RmsNorm.*:Decode.*:Attention.*:Engine.*:BatchEngine.*:Serve.*}" \
   > "$OUT/unit.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \] Decode|tests ran" "$OUT/unit.log" | head -30
 ./build-cuda/orchard_golden_tests --gtest_filter='*Decoding*:*PreparedForInference*' > "$OUT/golden.log" 2>&1 || status=1
@@ -36,13 +39,13 @@ grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/golden.log" | head -10
 wait $maker; cat "$OUT/make_models.log"
 echo "=== Llama 3.2 3B shape, prompt 128 + 256 new"
 ./build-cuda/orchard_bench_decode $M cuda 128 256 2>&1 | tee "$OUT/bench_3b.txt" || status=1
-python3 bench/peers/hf_generate.py $M 128 256 2>&1 | grep -E "^transformers|Error|error" | tee -a "$OUT/bench_3b.txt"
+[ "${NO_PEER:-0}" = 1 ] || python3 bench/peers/hf_generate.py $M 128 256 2>&1 | grep -E "^transformers|Error|error" | tee -a "$OUT/bench_3b.txt"
 echo "=== orchard generate on the 3B shape (command line)"
 ./build-cuda/orchard generate --model $M --prompt "The orchard" --temperature 0 --max-new-tokens 256 2>&1 | tail -1
 ./build-cuda/orchard generate --model $M --prompt "The orchard" --max-new-tokens 256 2>&1 | tail -1
 echo "=== Qwen2.5 0.5B shape, prompt 128 + 128 new"
 ./build-cuda/orchard_bench_decode $Q cuda 128 128 2>&1 | tee "$OUT/bench_05b.txt" || status=1
-python3 bench/peers/hf_generate.py $Q 128 128 2>&1 | grep -E "^transformers|Error|error" | tee -a "$OUT/bench_05b.txt"
+[ "${NO_PEER:-0}" = 1 ] || python3 bench/peers/hf_generate.py $Q 128 128 2>&1 | grep -E "^transformers|Error|error" | tee -a "$OUT/bench_05b.txt"
 if [ "${PEER_STATIC:-0}" = 1 ]; then
   echo "=== transformers' static cache + torch.compile on the 3B shape (last: its compilation takes minutes)"
   timeout ${PEER_STATIC_TIMEOUT:-240} python3 bench/peers/hf_generate.py $M 128 256 static 2>&1 \

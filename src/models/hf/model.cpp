@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/linear_cross_entropy.h"
 #include "ops/nf4.h"
+#include "ops/rms_norm.h"
 
 #include <algorithm>
 #include <array>
@@ -29,9 +30,7 @@ HfRmsNormImpl::HfRmsNormImpl(torch::Tensor w, double e) : eps(e) {
 }
 
 torch::Tensor HfRmsNormImpl::forward(const torch::Tensor& x) {
-  auto x32 = x.to(torch::kFloat32);
-  x32 = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * x32.to(x.scalar_type());
+  return ops::rms_norm(x, weight, eps);
 }
 
 torch::Tensor rope_inv_freq(const HfModelConfig& c) {
@@ -559,7 +558,8 @@ int64_t LlamaImpl::prepare_inference() {
         {a.q_proj.get(), a.k_proj.get(), a.v_proj.get()},
         a.qkv_weight,
         a.qkv_bias);
-    stack({m.gate_proj.get(), m.up_proj.get()}, m.gate_up_weight, m.gate_up_bias);
+    stack(
+        {m.gate_proj.get(), m.up_proj.get()}, m.gate_up_weight, m.gate_up_bias);
   }
   return merged;
 }
