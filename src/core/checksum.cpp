@@ -85,4 +85,17 @@ std::string crc_hex(uint32_t crc) {
   return buf;
 }
 
+nlohmann::json checksum_record(const std::string& path) {
+  const FileChecksum c = checksum_file(path);
+  return {{"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
+}
+
+bool matches_record(const nlohmann::json& record, const std::string& path) {
+  if (!record.is_object())
+    return false;
+  const FileChecksum got = checksum_file(path);
+  return record.value("bytes", uint64_t(0)) == got.bytes &&
+      record.value("crc32c", std::string()) == crc_hex(got.crc32c);
+}
+
 } // namespace orchard

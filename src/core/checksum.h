@@ -6,6 +6,8 @@
 // time with eight tables ("slicing-by-8"), several GB/s on one core.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -25,5 +27,13 @@ FileChecksum checksum_file(const std::string& path);
 
 // "1a2b3c4d": the form checksums take in JSON metadata.
 std::string crc_hex(uint32_t crc);
+
+// A file's record in the metadata that lists what a folder holds (a
+// checkpoint's state.json, a shard cache's meta file, a prepared cache's
+// checksums.json): {"bytes": size, "crc32c": "1a2b3c4d"}.
+nlohmann::json checksum_record(const std::string& path);
+// Whether `path` still has the size and checksum of `record` (false for a
+// record that is not such an object).
+bool matches_record(const nlohmann::json& record, const std::string& path);
 
 } // namespace orchard

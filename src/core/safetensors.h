@@ -84,11 +84,6 @@ class Reader {
   static Reader open(const std::string& path);
 
   std::vector<std::string> names() const; // sorted
-  // When the file records its data's CRC-32C (save()'s with_checksum),
-  // UserError naming the file if the data bytes no longer match it (changed
-  // in place since it was written); nothing when it records none, as files
-  // from other writers do.
-  void verify_checksum() const;
   bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;
   torch::Tensor get(const std::string& name) const;

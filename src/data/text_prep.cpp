@@ -238,11 +238,8 @@ TextPrepStats prepare_text(
   if (!meta.contains("files") || !meta["files"].is_object())
     meta["files"] = nlohmann::json::object();
   for (const auto* list : {&st.train_files, &st.val_files})
-    for (const auto& f : *list) {
-      FileChecksum c = checksum_file(f);
-      meta["files"][fs::path(f).filename().string()] = {
-          {"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
-    }
+    for (const auto& f : *list)
+      meta["files"][fs::path(f).filename().string()] = checksum_record(f);
   atomic_write(meta_path, meta.dump(2) + "\n");
   return st;
 }

@@ -110,8 +110,7 @@ std::string save_checkpoint(
     // changed in place (same size) are found, not trained on.
     nlohmann::json files = nlohmann::json::object();
     for (const char* name : kCheckpointFiles) {
-      FileChecksum c = checksum_file((tmp / name).string());
-      files[name] = {{"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
+      files[name] = checksum_record((tmp / name).string());
     }
     state["files"] = files;
     atomic_write((tmp / "state.json").string(), state.dump(2) + "\n");

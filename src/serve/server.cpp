@@ -20,10 +20,6 @@ namespace orchard::serve {
 namespace {
 using nlohmann::json;
 
-// Bodies up to this many times max_body_bytes are read and dropped before
-// the 413 (see guarded()); beyond it cpp-httplib refuses at once, and a
-// client still sending may see a reset instead of the answer.
-constexpr size_t kDrainFactor = 16;
 // How often a whole (non-streamed) reply being decoded sends a JSON space:
 // the write after a client hung up meets its reset and cancels the
 // request, so this bounds the decoding wasted on a client that left (two
@@ -470,26 +466,13 @@ struct Server::Impl {
               "application/json), not multipart form data.",
               "",
               415};
-        // A body over max_body_bytes is still read to its end, and
-        // dropped: closing a socket with unread bytes makes the kernel send
-        // a reset, and the client, still sending, would lose the 413 to it
-        // (seen on loopback with a 1 MiB body).
         std::string body;
-        size_t seen = 0;
         const bool whole = content([&](const char* data, size_t n) {
-          seen += n;
-          if (seen <= opt.max_body_bytes)
-            body.append(data, n);
+          body.append(data, n);
           return true;
         });
         if (!whole)
-          return; // far too large (413) or cut short: cpp-httplib set it
-        if (seen > opt.max_body_bytes)
-          throw BadRequest{
-              "the request body is too large for this server (its limit is " +
-                  std::to_string(opt.max_body_bytes) + " bytes).",
-              "",
-              413};
+          return; // too large (413) or cut short: cpp-httplib set the status
         (this->*f)(body, res);
       } catch (const BadRequest& e) {
         res.status = e.status;
@@ -502,11 +485,9 @@ struct Server::Impl {
   }
 
   void routes() {
-    // cpp-httplib answers a Content-Length beyond this 413 before reading
-    // the body; up to it, guarded() reads and drops what is over
-    // max_body_bytes, so the client gets its 413.
-    http.set_payload_max_length(
-        std::max(opt.max_body_bytes, opt.max_body_bytes * kDrainFactor));
+    // cpp-httplib reads a body past this to its end, dropped, before its
+    // 413, so a client still sending gets the answer.
+    http.set_payload_max_length(opt.max_body_bytes);
     // Not cpp-httplib's default, which adds SO_REUSEPORT: with it a second
     // server would share a port that is in use, and requests would
     // alternate between two models.

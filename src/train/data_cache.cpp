@@ -54,10 +54,7 @@ bool shards_intact(
       const std::string name = fs::path(p).filename().string();
       if (!files || !files->is_object() || !files->contains(name))
         continue; // a cache from before checksums were kept
-      const auto& want = (*files)[name];
-      FileChecksum got = checksum_file(p);
-      if (want.value("bytes", uint64_t(0)) != got.bytes ||
-          want.value("crc32c", std::string()) != crc_hex(got.crc32c)) {
+      if (!matches_record((*files)[name], p)) {
         say("The cached shard " + p +
             " is damaged (its checksum changed); preparing the data again.");
         return false;
@@ -136,7 +133,7 @@ PreparedData prepare_pretraining_data(
       key += fs::absolute(p).string() + "\n";
     // The default split keeps the key of caches made before val_fraction
     // existed.
-    if (cfg.val_fraction != PretrainConfig{}.val_fraction)
+    if (cfg.val_fraction != kDefaultValFraction)
       key += "val_fraction=" + std::to_string(cfg.val_fraction) + "\n";
     std::string prepared = home + "/prepared/" + cache_key(key + cfg.tokenizer);
     train_inputs = cfg.data_paths;

@@ -359,11 +359,10 @@ TrainResult run_finetune(
       !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
-  if (!origins.count("max_seq_length") && T != FinetuneConfig{}.max_seq_len)
+  if (!origins.count("max_seq_length") && T != kDefaultMaxSeqLength)
     log("Sequences: max_seq_length=" + std::to_string(T) +
         ", the model's max_position_embeddings (the default " +
-        std::to_string(FinetuneConfig{}.max_seq_len) +
-        " is longer than it reads).");
+        std::to_string(kDefaultMaxSeqLength) + " is longer than it reads).");
   FinetuneConfig written = cfg;
   config::write_yaml(
       result.run_dir + "/config.yaml", finetune_schema(), &written, origins);

@@ -30,13 +30,16 @@
 
 namespace orchard::train {
 
+// Tokens per row by default (fewer when the model has fewer positions).
+constexpr int64_t kDefaultMaxSeqLength = 1024;
+
 struct FinetuneConfig : TrainingConfig {
   // The shared knobs (train/training_config.h) at transformers' defaults:
   // rows of 1024 tokens (fewer when the model has fewer positions), one
   // epoch unless max_steps is set, a linear decay to zero, evaluation and a
   // checkpoint every 100 steps.
   FinetuneConfig() {
-    max_seq_len = 1024;
+    max_seq_len = kDefaultMaxSeqLength;
     num_iterations.reset();
     warmdown_ratio = 1.0;
     eval_every = 100;

@@ -21,6 +21,9 @@ namespace orchard {
 // The defaults are `orchard train` with no arguments: the quick run that
 // `./orchard.sh quickstart` trains (d4, 100 Muon steps of 4096 tokens; a few
 // minutes on a 2-core CPU). configs/overnight.yaml is the larger one.
+// One document in 200 of data_paths validates, by default.
+constexpr double kDefaultValFraction = 0.005;
+
 struct PretrainConfig : train::TrainingConfig {
   // The shared knobs (train/training_config.h) at their defaults for the
   // GPT stages: 256-token rows, 100 steps, warmdown over the last 20 %,
@@ -45,8 +48,8 @@ struct PretrainConfig : train::TrainingConfig {
   models::ArchConfig arch;
 
   // Data
-  std::vector<std::string> data_paths; // empty: the default corpus
-  double val_fraction = 0.005;         // of data_paths' documents held out
+  std::vector<std::string> data_paths;       // empty: the default corpus
+  double val_fraction = kDefaultValFraction; // of data_paths' documents
 
   // Batch
   int64_t total_batch_size = 4096;             // tokens per optimizer step

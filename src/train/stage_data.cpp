@@ -73,11 +73,7 @@ bool cache_intact(
       const std::string name = fs::path(p).filename().string();
       if (files.is_null())
         continue;
-      const FileChecksum got = checksum_file(p);
-      const auto want = files.find(name);
-      if (want == files.end() || !want->is_object() ||
-          want->value("bytes", uint64_t(0)) != got.bytes ||
-          want->value("crc32c", std::string()) != crc_hex(got.crc32c)) {
+      if (!files.contains(name) || !matches_record(files[name], p)) {
         say("The cached file " + p +
             " is damaged (its checksum changed); preparing the data again.");
         return false;
@@ -108,11 +104,8 @@ void build_atomically(
   build(tmp);
   nlohmann::json files = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(tmp))
-    if (e.is_regular_file()) {
-      const FileChecksum c = checksum_file(e.path().string());
-      files[e.path().filename().string()] = {
-          {"bytes", c.bytes}, {"crc32c", crc_hex(c.crc32c)}};
-    }
+    if (e.is_regular_file())
+      files[e.path().filename().string()] = checksum_record(e.path().string());
   atomic_write((fs::path(tmp) / kChecksums).string(), files.dump(1));
   remove_tree(dir);
   fs::rename(tmp, dir);

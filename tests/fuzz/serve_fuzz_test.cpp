@@ -8,14 +8,7 @@
 // the server must still answer /health after it. A 5xx, a hang, a crash or
 // a server that stops answering fails the campaign and prints the input.
 #include "fuzz/fuzz_harness.h"
-#include "infer/chat.h"
-#include "runs/load.h"
-#include "serve/server.h"
-#include "test_util.h"
-#include "text/bpe_train.h"
-#include "text/hf_tokenizer.h"
-
-#include "gpt_test_util.h"
+#include "serve_test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -40,40 +33,6 @@ using nlohmann::json;
 // answers a malformed request at once, and a valid one decodes at most the
 // test model's 128 positions.
 constexpr int kAnswerTimeoutMs = 10'000;
-
-// A server on a free loopback port over a tiny random GPT.
-struct LiveServer {
-  test::TempDir dir;
-  std::unique_ptr<infer::ChatModel> chat;
-  std::unique_ptr<serve::Server> server;
-  std::thread thread;
-  int port = 0;
-  LiveServer() {
-    text::BpeTrainer trainer({.vocab_size = 300});
-    trainer.add_text(
-        "What does tree mean? A tall woody plant. The quick brown fox jumps "
-        "over the lazy dog.");
-    std::filesystem::create_directories(dir.file("tok"));
-    text::save_hf_tokenizer(trainer.train(), dir.file("tok/tokenizer.json"));
-    runs::LoadedModel loaded = runs::loaded_from(
-        test::random_gpt(300, 128, 2, 7, 0.3).ptr(), dir.file("tok"));
-    chat = std::make_unique<infer::ChatModel>(loaded, torch::kCPU);
-    serve::ServeOptions o;
-    o.port = 0;
-    o.model_name = "fuzz";
-    o.log_requests = false;
-    // One request at a time arrives here; 128 threads (the default) failed
-    // to start beside 11 other test processes on the 16-core CUDA machine.
-    o.threads = 8;
-    server = std::make_unique<serve::Server>(*chat, o);
-    port = server->bind();
-    thread = std::thread([this] { server->run(); });
-  }
-  ~LiveServer() {
-    server->stop();
-    thread.join();
-  }
-};
 
 // Sends `request` (in pieces of `piece` bytes, `pause_ms` apart, for a slow
 // client; whole when piece is 0) and reads the answer: until the server
@@ -228,7 +187,13 @@ const std::vector<std::string>& http_dictionary() {
 }
 
 TEST(Fuzz, ServeRequests) {
-  LiveServer s;
+  serve::ServeOptions o;
+  o.model_name = "fuzz";
+  o.log_requests = false;
+  // One request at a time arrives here; 128 threads (the default) are more
+  // than a busy test machine may start beside other test processes.
+  o.threads = 8;
+  test::ServedModel s(o);
   // The server's threads start before the campaign's guards cap the
   // address space (on the CUDA machine libtorch's mappings leave too
   // little under the cap to start a thread: "Resource temporarily

@@ -12,6 +12,7 @@
 #include "text/hf_tokenizer.h"
 
 #include "gpt_test_util.h"
+#include "serve_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -192,33 +193,10 @@ TEST(Utf8Stream, DropsTheFirstSpaceOfASentencePieceReply) {
   EXPECT_EQ(keep.push(" x"), " x");
 }
 
-// A chat model with an Orchard tokenizer, served on a free port.
-struct ServerFixture {
-  test::TempDir dir;
-  std::unique_ptr<infer::ChatModel> chat;
-  std::unique_ptr<serve::Server> server;
-  std::thread thread;
-  int port = 0;
-  explicit ServerFixture(serve::ServeOptions o = {}, int64_t max_seq = 128) {
-    text::BpeTrainer trainer({.vocab_size = 300});
-    trainer.add_text(
-        "What does tree mean? A tall woody plant. The quick brown fox jumps "
-        "over the lazy dog. Orchard trains language models on your machine.");
-    std::filesystem::create_directories(dir.file("tok"));
-    text::save_hf_tokenizer(trainer.train(), dir.file("tok/tokenizer.json"));
-    runs::LoadedModel loaded =
-        runs::loaded_from(random_gpt(300, max_seq, 2).ptr(), dir.file("tok"));
-    chat = std::make_unique<infer::ChatModel>(loaded, torch::kCPU);
-    o.port = 0;
-    o.model_name = "sft/test";
-    server = std::make_unique<serve::Server>(*chat, o);
-    port = server->bind();
-    thread = std::thread([this] { server->run(); });
-  }
-  ~ServerFixture() {
-    server->stop();
-    thread.join();
-  }
+// A served random model (serve_test_util.h), and an HTTP client for it.
+struct ServerFixture : test::ServedModel {
+  explicit ServerFixture(serve::ServeOptions o = {}, int64_t max_seq = 128)
+      : ServedModel(std::move(o), max_seq) {}
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(60, 0);
