@@ -8,7 +8,9 @@
 //     BW_GBPS, default 3350: an H100 SXM's HBM3);
 //   batches 8 and 32 (one prompt each, aggregate tokens/s);
 //   a GRPO-shaped rollout: 8 samples x NEW tokens of one prompt,
-//     temperature 1, with log-probabilities.
+//     temperature 1, with log-probabilities;
+//   with ORCHARD_BENCH_NF4 set (CUDA), batch 1 again with the layers'
+//     projections in NF4 (the fraction is of the bf16 bound).
 #include "core/machine.h"
 #include "core/torch_compat.h"
 #include "infer/engine.h"
@@ -71,8 +73,9 @@ int main(int argc, char** argv) {
   SamplingOptions greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = N;
-  for (bool graphs : {true, false}) {
-    Engine e(model.ptr(), dev, graphs);
+  // Batch 1, best of 3 after a warm-up: decode tok/s, prefill tok/s.
+  auto batch1 = [&](orchard::models::Llama& m, bool graphs, const char* what) {
+    Engine e(m.ptr(), dev, graphs);
     double best = 0, prefill = 0;
     std::vector<int64_t> first;
     for (int run = 0; run < 4; ++run) {
@@ -89,15 +92,18 @@ int main(int argc, char** argv) {
       prefill = std::max(prefill, st.prefill_tokens_per_s());
     }
     std::printf(
-        "batch 1, %s: decode %.1f tok/s (%.0f %% of the bound), prefill %.0f "
-        "tok/s, %zu tokens\n",
+        "batch 1, %s%s: decode %.1f tok/s (%.0f %% of the bf16 bound), "
+        "prefill %.0f tok/s, %zu tokens\n",
         graphs ? (e.uses_graphs() ? "CUDA graphs" : "graphs unavailable")
                : "eager",
+        what,
         best,
         100.0 * best * bytes / (bw * 1e9),
         prefill,
         first.size());
-  }
+  };
+  for (bool graphs : {true, false})
+    batch1(model, graphs, "");
   Engine e(model.ptr(), dev, true);
   for (int64_t B : {8, 32}) {
     std::vector<std::vector<int64_t>> prompts;
@@ -132,5 +138,14 @@ int main(int argc, char** argv) {
       (long long)N,
       best,
       best_wall);
+  if (dev.is_cuda() && std::getenv("ORCHARD_BENCH_NF4") != nullptr) {
+    // The same weights with the layers' projections in 4 bits (QLoRA's
+    // base), decoded as a QLoRA run's samples are.
+    lo.load_in_4bit = true;
+    auto q4 = orchard::models::load_hf_model(dir, lo);
+    q4->eval();
+    q4->prepare_inference();
+    batch1(q4, true, ", NF4 base");
+  }
   return 0;
 }

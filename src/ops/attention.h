@@ -57,4 +57,24 @@ torch::Tensor decode_attention(
     int64_t key_len = 0,
     int64_t window = 0);
 
+// decode_attention is a CUDA kernel (src/ops/cuda/decode_attention.cu:
+// split over the keys, softmax and the weighted sum wholly in float32,
+// only each row's filled keys read) where the tensors allow it
+// (ops/kernel_call.h; q and the cache contiguous, one dtype, H / Hkv at
+// most 8, D a multiple of 32 up to 256); else these plain ops, which
+// round the probabilities to q's dtype before the weighted sum, as
+// transformers' eager attention does.
+torch::Tensor decode_attention_reference(
+    const torch::Tensor& q,
+    const torch::Tensor& cache_k,
+    const torch::Tensor& cache_v,
+    const torch::Tensor& pos,
+    int64_t key_len = 0,
+    int64_t window = 0);
+bool decode_attention_is_fused(
+    const torch::Tensor& q,
+    const torch::Tensor& cache_k,
+    const torch::Tensor& cache_v,
+    const torch::Tensor& pos);
+
 } // namespace orchard::ops

@@ -1,6 +1,11 @@
 #include "ops/nf4.h"
 
 #include "core/error.h"
+#include "ops/kernel_call.h"
+
+#ifdef ORCHARD_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -109,8 +114,42 @@ struct Nf4Linear : torch::autograd::Function<Nf4Linear> {
 
 } // namespace
 
+bool nf4_matvec_is_fused(const torch::Tensor& x, const Nf4Weight& q) {
+#ifdef ORCHARD_CUDA_KERNELS
+  return q.defined() && kernel::usable({x, q.absmax}) && x.dim() == 2 &&
+      x.size(0) <= cuda::kNf4MaxRows && x.size(1) == q.in &&
+      q.in % kNf4Block == 0 && q.codes.device() == x.device() &&
+      q.codes.scalar_type() == torch::kUInt8 && q.codes.is_contiguous() &&
+      q.absmax.is_contiguous();
+#else
+  (void)x, (void)q;
+  return false;
+#endif
+}
+
 torch::Tensor nf4_linear(const torch::Tensor& x, const Nf4Weight& q) {
+  if (!nf4_matvec_is_fused(x, q))
+    return Nf4Linear::apply(x, q.codes, q.absmax, q.pairs, q.out, q.in);
+#ifdef ORCHARD_CUDA_KERNELS
+  const c10::cuda::CUDAGuard on_device(x.device());
+  auto xc = x.contiguous();
+  auto y = torch::empty({x.size(0), q.out}, x.options());
+  kernel::check(
+      cuda::nf4_matvec(
+          kernel::dtype_of(x),
+          xc.data_ptr(),
+          q.codes.data_ptr<uint8_t>(),
+          q.absmax.data_ptr(),
+          y.data_ptr(),
+          x.size(0),
+          q.out,
+          q.in,
+          kernel::stream_of(x)),
+      "nf4_linear");
+  return y;
+#else
   return Nf4Linear::apply(x, q.codes, q.absmax, q.pairs, q.out, q.in);
+#endif
 }
 
 } // namespace orchard::ops

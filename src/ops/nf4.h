@@ -41,6 +41,14 @@ Nf4Weight quantize_nf4(const torch::Tensor& w);
 torch::Tensor dequantize_nf4(const Nf4Weight& q);
 // x (N, in) -> x W^T (N, out) with W expanded for the product and again
 // in the backward for the input's gradient; W itself takes no gradient.
+//
+// For decoding (x at most 8 rows, on CUDA, x's dtype absmax's, no gradient
+// wanted) it is one CUDA kernel that reads each code once and never
+// expands the matrix (src/ops/cuda/nf4_matvec.cu): a 4-bit base then
+// decodes from a quarter of bf16's bytes. The same numbers up to the
+// order of the sums.
 torch::Tensor nf4_linear(const torch::Tensor& x, const Nf4Weight& q);
+// Whether nf4_linear(x, q) would run that kernel.
+bool nf4_matvec_is_fused(const torch::Tensor& x, const Nf4Weight& q);
 
 } // namespace orchard::ops

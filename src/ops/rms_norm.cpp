@@ -1,14 +1,10 @@
 #include "ops/rms_norm.h"
 
+#include "ops/kernel_call.h"
+
 #ifdef ORCHARD_CUDA_KERNELS
-#include "ops/cuda/kernels.h"
-
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #endif
-
-#include <stdexcept>
-#include <string>
 
 namespace orchard::ops {
 
@@ -22,17 +18,8 @@ torch::Tensor rms_norm_reference(
 }
 
 bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight) {
-#ifdef ORCHARD_CUDA_KERNELS
-  const auto t = x.scalar_type();
-  return x.is_cuda() && weight.device() == x.device() &&
-      weight.scalar_type() == t &&
-      (t == torch::kFloat32 || t == torch::kFloat16 || t == torch::kBFloat16) &&
-      weight.dim() == 1 && x.dim() >= 1 && weight.size(0) == x.size(-1) &&
-      !(torch::GradMode::is_enabled() &&
-        (x.requires_grad() || weight.requires_grad()));
-#else
-  return false;
-#endif
+  return kernel::usable({x, weight}) && weight.dim() == 1 && x.dim() >= 1 &&
+      weight.size(0) == x.size(-1);
 }
 
 torch::Tensor rms_norm(
@@ -47,26 +34,58 @@ torch::Tensor rms_norm(
   auto wc = weight.contiguous();
   auto y = torch::empty_like(xc);
   const int64_t C = x.size(-1);
-  const auto t = x.scalar_type();
-  const cuda::Dtype dtype = t == torch::kFloat32 ? cuda::Dtype::float32
-      : t == torch::kFloat16                     ? cuda::Dtype::float16
-                                                 : cuda::Dtype::bfloat16;
-  const int err = cuda::rms_norm(
-      dtype,
-      xc.data_ptr(),
-      wc.data_ptr(),
-      y.data_ptr(),
-      C == 0 ? 0 : xc.numel() / C,
-      C,
-      float(eps),
-      c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  if (err != 0)
-    throw std::runtime_error(
-        "[rms_norm] the CUDA kernel failed to launch (cudaError " +
-        std::to_string(err) + ")");
+  kernel::check(
+      cuda::rms_norm(
+          kernel::dtype_of(x),
+          xc.data_ptr(),
+          wc.data_ptr(),
+          y.data_ptr(),
+          C == 0 ? 0 : xc.numel() / C,
+          C,
+          float(eps),
+          kernel::stream_of(x)),
+      "rms_norm");
   return y;
 #else
   return rms_norm_reference(x, weight, eps);
+#endif
+}
+
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(
+    const torch::Tensor& x,
+    const torch::Tensor& residual,
+    const torch::Tensor& weight,
+    double eps) {
+  if (!rms_norm_is_fused(x, weight) || !kernel::usable({x, residual}) ||
+      residual.sizes() != x.sizes()) {
+    auto s = x + residual;
+    return {s, rms_norm(s, weight, eps)};
+  }
+#ifdef ORCHARD_CUDA_KERNELS
+  const c10::cuda::CUDAGuard on_device(x.device());
+  auto xc = x.contiguous();
+  auto rc = residual.contiguous();
+  auto wc = weight.contiguous();
+  auto sum = torch::empty_like(xc);
+  auto y = torch::empty_like(xc);
+  const int64_t C = x.size(-1);
+  kernel::check(
+      cuda::add_rms_norm(
+          kernel::dtype_of(x),
+          xc.data_ptr(),
+          rc.data_ptr(),
+          wc.data_ptr(),
+          sum.data_ptr(),
+          y.data_ptr(),
+          C == 0 ? 0 : xc.numel() / C,
+          C,
+          float(eps),
+          kernel::stream_of(x)),
+      "add_rms_norm");
+  return {sum, y};
+#else
+  auto s = x + residual;
+  return {s, rms_norm_reference(s, weight, eps)};
 #endif
 }
 

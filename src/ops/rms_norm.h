@@ -15,6 +15,8 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 namespace orchard::ops {
 
 torch::Tensor rms_norm_reference(
@@ -29,5 +31,14 @@ torch::Tensor rms_norm(
 
 // Whether rms_norm(x, weight, eps) would run the fused kernel.
 bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight);
+
+// A decoder layer's residual add and the norm after it: s = x + residual
+// (in x's dtype), returned with rms_norm(s, weight, eps). One kernel where
+// rms_norm would be one and residual matches x; else the two ops.
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(
+    const torch::Tensor& x,
+    const torch::Tensor& residual,
+    const torch::Tensor& weight,
+    double eps);
 
 } // namespace orchard::ops

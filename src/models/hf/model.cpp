@@ -8,6 +8,8 @@
 #include "ops/linear_cross_entropy.h"
 #include "ops/nf4.h"
 #include "ops/rms_norm.h"
+#include "ops/rotary_cache.h"
+#include "ops/silu_mul.h"
 
 #include <algorithm>
 #include <array>
@@ -16,6 +18,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <tuple>
 
 namespace orchard::models {
 namespace {
@@ -153,17 +156,6 @@ std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rope_tables(
 }
 
 namespace {
-
-// x (B, T, heads, D) rotated by rows of rope_tables() shaped to broadcast
-// against it ((1, T, 1, D) or (B, 1, 1, D)): x * [c, c] + [x2, x1] * [-s, s],
-// which is transformers' x * cos + rotate_half(x) * sin element for element
-// (negation is exact).
-torch::Tensor rotate(
-    const torch::Tensor& x,
-    const torch::Tensor& cos,
-    const torch::Tensor& sin) {
-  return x * cos + torch::roll(x, x.size(-1) / 2, -1) * sin;
-}
 
 // A layer's adapters cast to a half-precision base's dtype with one cast:
 // the float32 leaves are concatenated, cast, and split into views, so the
@@ -359,8 +351,8 @@ torch::Tensor LlamaImpl::layer_forward(
   auto qkv = run(h, {0, 1, 2});
   auto c = cos.view({1, T, 1, -1}), s = sin.view({1, T, 1, -1});
   auto q =
-      rotate(qkv[0].view({B, T, a.n_head, a.head_dim}), c, s).transpose(1, 2);
-  auto k = rotate(qkv[1].view({B, T, a.n_kv_head, a.head_dim}), c, s)
+      ops::rotate(qkv[0].view({B, T, a.n_head, a.head_dim}), c, s).transpose(1, 2);
+  auto k = ops::rotate(qkv[1].view({B, T, a.n_kv_head, a.head_dim}), c, s)
                .transpose(1, 2);
   auto v = qkv[2].view({B, T, a.n_kv_head, a.head_dim}).transpose(1, 2);
   if (cache_k) {
@@ -484,36 +476,36 @@ torch::Tensor LlamaImpl::decode_batch(
     throw std::invalid_argument("[decode_batch] empty cache");
   auto x = F::embedding(idx.view({B, 1}), model->embed_tokens->weight);
   const auto [cos_all, sin_all] = rope_tables(x.scalar_type());
-  auto c = cos_all.index_select(0, pos).view({B, 1, 1, -1});
-  auto s = sin_all.index_select(0, pos).view({B, 1, 1, -1});
-  using torch::indexing::Slice;
-  auto rows = torch::arange(B, pos.options());
+  // Each sublayer's output is added to x by the norm after it (one kernel
+  // for the add and the norm on CUDA: ops::add_rms_norm).
+  torch::Tensor pending, h;
+  auto add_then_norm = [&](const torch::Tensor& out, HfRmsNorm& norm) {
+    std::tie(x, h) = ops::add_rms_norm(x, out, norm->weight, norm->eps);
+  };
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     auto* layer = model->layers[i]->as<LlamaLayerImpl>();
     auto& a = *layer->self_attn;
     LayerProjections run(*layer, x.scalar_type(), is_training());
-    auto h = layer->input_layernorm(x);
-    auto qkv = run(h, {0, 1, 2});
-    auto q = rotate(qkv[0].view({B, 1, a.n_head, a.head_dim}), c, s)
-                 .transpose(1, 2); // (B, H, 1, D)
-    auto k = rotate(qkv[1].view({B, 1, a.n_kv_head, a.head_dim}), c, s);
-    auto v = qkv[2].view({B, 1, a.n_kv_head, a.head_dim});
+    if (pending.defined())
+      add_then_norm(pending, layer->input_layernorm);
+    else
+      h = layer->input_layernorm(x);
+    auto qkv = run(h, {0, 1, 2}); // each (B, heads * D)
     auto& ck = cache.k[size_t(i)];
     auto& cv = cache.v[size_t(i)];
-    ck.index_put_(
-        {rows, Slice(), pos},
-        k.reshape({B, a.n_kv_head, a.head_dim}).to(ck.scalar_type()));
-    cv.index_put_(
-        {rows, Slice(), pos},
-        v.reshape({B, a.n_kv_head, a.head_dim}).to(cv.scalar_type()));
+    auto q = ops::rotary_cache_write(
+        qkv[0], qkv[1], qkv[2], cos_all, sin_all, pos, ck, cv); // (B, H, 1, D)
     auto y = ops::decode_attention(
         q, ck, cv, pos, key_len, config.sliding_window.value_or(0));
-    x = x + run(y, {3})[0].view({B, 1, -1});
-    h = layer->post_attention_layernorm(x);
+    add_then_norm(
+        run(y, {3})[0].view({B, 1, -1}), layer->post_attention_layernorm);
     auto gu = run(h, {4, 5});
-    x = x + run((torch::silu(gu[0]) * gu[1]), {6})[0].view({B, 1, -1});
+    pending = run(ops::silu_mul(gu[0], gu[1]), {6})[0].view({B, 1, -1});
   }
-  auto h = model->norm(x);
+  if (pending.defined())
+    add_then_norm(pending, model->norm);
+  else
+    h = model->norm(x);
   auto logits = lm_head.is_empty() ? F::linear(h, lm_weight()) : lm_head(h);
   logits = logits.view({B, -1});
   return logits.scalar_type() == torch::kFloat64 ? logits

@@ -24,4 +24,112 @@ int rms_norm(
     float eps,
     void* stream);
 
+// rms_norm of s = T(x + r), also writing s to `sum`: the residual add and
+// the next norm of a decoder layer in one pass (x, r, w, sum, y of type T).
+int add_rms_norm(
+    Dtype dtype,
+    const void* x,
+    const void* r,
+    const void* w,
+    void* sum,
+    void* y,
+    int64_t rows,
+    int64_t C,
+    float eps,
+    void* stream);
+
+// Rotary embedding and the KV cache write of one decoding step, for B rows
+// of one new token each. q (heads_q * D), k and v (heads_kv * D) of row b
+// start at q + b * q_stride (k, v likewise; each row contiguous). cos and
+// sin are the rope tables (positions, D), sin with the first half negated,
+// so rotate(x)[d] = T(T(x[d] * cos[p][d]) + T(x[(d + D/2) % D] * sin[p][d]))
+// at p = pos[b] (int64 on the device). Writes rotated q to q_out (B,
+// heads_q, D), and rotated k and v (unrotated) to cache_k, cache_v (rows,
+// heads_kv, capacity, D) at [b, :, pos[b], :]. All of type T.
+int rotary_cache_write(
+    Dtype dtype,
+    const void* q,
+    const void* k,
+    const void* v,
+    int64_t q_stride,
+    int64_t k_stride,
+    int64_t v_stride,
+    const void* cos,
+    const void* sin,
+    const int64_t* pos,
+    void* q_out,
+    void* cache_k,
+    void* cache_v,
+    int64_t B,
+    int64_t heads_q,
+    int64_t heads_kv,
+    int64_t D,
+    int64_t capacity,
+    void* stream);
+
+// Attention of one query per row over a KV cache (ops::decode_attention's
+// definition): q (B, H, D); cache_k, cache_v (rows >= B, Hkv, capacity, D);
+// row b attends to keys j < key_len with j <= pos[b] (and, window > 0,
+// j > pos[b] - window); query head h reads kv head h / (H / Hkv). Scores,
+// softmax and the weighted sum in float32; y (B, H * D) of type T.
+// The keys are split into chunks of `kDecodeChunk` positions, one block
+// each, whose partial results (float32, `workspace` of
+// decode_attention_workspace(...) floats) a second kernel combines; a
+// chunk past pos[b] reads nothing. D a multiple of 32 up to 256, H / Hkv
+// at most 8.
+constexpr int64_t kDecodeChunk = 64;
+int64_t decode_attention_workspace(int64_t B, int64_t H, int64_t key_len, int64_t D);
+bool decode_attention_supports(int64_t H, int64_t Hkv, int64_t D);
+int decode_attention(
+    Dtype dtype,
+    const void* q,
+    const void* cache_k,
+    const void* cache_v,
+    const int64_t* pos,
+    void* y,
+    float* workspace,
+    int64_t B,
+    int64_t H,
+    int64_t Hkv,
+    int64_t D,
+    int64_t capacity,
+    int64_t key_len,
+    int64_t window,
+    float scale,
+    void* stream);
+
+// SwiGLU's product: y = T(T(silu(g)) * u), silu(g) = g / (1 + exp(-g)) in
+// float32, for B rows of n values; row b of g starts at g + b * g_stride
+// (u likewise), y is (B, n) contiguous.
+int silu_mul(
+    Dtype dtype,
+    const void* g,
+    const void* u,
+    int64_t g_stride,
+    int64_t u_stride,
+    void* y,
+    int64_t B,
+    int64_t n,
+    void* stream);
+
+// y (N, out) = x (N, in) times the NF4 matrix W (out, in) transposed
+// (ops/nf4.h's format: two 4-bit level indices a byte, the first in the
+// high nibble; one absmax of type T per 64 consecutive values), where
+// W[o][i] = T(T(level) * absmax) as ops::dequantize_nf4 expands it; sums
+// in float32. N at most kNf4MaxRows, `in` a multiple of 64. One warp per
+// output, reading each code once: for decoding, where the product is a
+// matrix-vector one and the expanded matrix would cost three times the
+// bytes of the codes.
+constexpr int64_t kNf4MaxRows = 8;
+int nf4_matvec(
+    Dtype dtype,
+    const void* x,
+    const uint8_t* codes,
+    const void* absmax,
+    void* y,
+    int64_t N,
+    int64_t out,
+    int64_t in,
+    void* stream);
+
 } // namespace orchard::ops::cuda

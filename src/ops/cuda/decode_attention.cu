@@ -1,0 +1,253 @@
+// Attention of one new query per row over the KV cache, in two kernels
+// (plain definition and oracle: ops::decode_attention_reference in
+// src/ops/attention.cpp, about ten kernels: casts, two products, the
+// mask, the softmax). Split over the keys ("flash decoding"): one block
+// per (chunk of kDecodeChunk keys, kv head, row) keeps a running softmax
+// (maximum, sum, weighted values) for the G query heads that read its kv
+// head, so a batch of one still fills the GPU; a second kernel combines
+// the chunks. A chunk wholly past a row's position reads nothing.
+#include "ops/cuda/numeric.cuh"
+
+#include <math.h>
+
+namespace orchard::ops::cuda {
+namespace {
+
+constexpr int kMaxGroup = 8; // query heads per kv head
+constexpr int kWarps = 4;    // a block's warps
+constexpr int kMaxDim = 256;
+
+// VEC = D / 32 values of each key for each lane.
+template <typename T, int VEC>
+__global__ void decode_chunk_kernel(
+    const T* __restrict__ q,
+    const T* __restrict__ cache_k,
+    const T* __restrict__ cache_v,
+    const int64_t* __restrict__ pos,
+    T* __restrict__ y,
+    float* __restrict__ work,
+    int64_t H,
+    int64_t Hkv,
+    int64_t capacity,
+    int64_t key_len,
+    int64_t window,
+    float scale) {
+  constexpr int D = VEC * kWarp;
+  const int64_t chunks = gridDim.x, chunk = blockIdx.x;
+  const int64_t hk = blockIdx.y, b = blockIdx.z;
+  const int G = int(H / Hkv);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t p = pos[b];
+  int64_t lo = chunk * kDecodeChunk;
+  int64_t hi = lo + kDecodeChunk - 1;
+  if (hi > key_len - 1)
+    hi = key_len - 1;
+  if (hi > p)
+    hi = p;
+  if (window > 0 && lo < p - window + 1)
+    lo = p - window + 1;
+
+  float qv[kMaxGroup][VEC];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      qv[g][e] = g < G
+          ? to_float(q[((b * H) + hk * G + g) * D + lane * VEC + e])
+          : 0.f;
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][VEC];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      acc[g][e] = 0.f;
+  }
+  const int64_t base = (b * Hkv + hk) * capacity * D + lane * VEC;
+  for (int64_t j = lo + warp; j <= hi; j += kWarps) {
+    float kv[VEC], vv[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      kv[e] = to_float(cache_k[base + j * D + e]);
+      vv[e] = to_float(cache_v[base + j * D + e]);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G)
+        break;
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        dot += qv[g][e] * kv[e];
+      const float s = warp_sum(dot) * scale;
+      const float mn = fmaxf(m[g], s);
+      const float keep = expf(m[g] - mn); // 0 for the first key
+      const float w = expf(s - mn);
+      l[g] = l[g] * keep + w;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        acc[g][e] = acc[g][e] * keep + w * vv[e];
+      m[g] = mn;
+    }
+  }
+
+  // The block's warps combined: each warp's state through shared memory.
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  __shared__ float s_acc[kWarps][kMaxGroup][kMaxDim];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= G)
+      break;
+    if (lane == 0) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      s_acc[warp][g][lane * VEC + e] = acc[g][e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w)
+      M = fmaxf(M, s_m[w][g]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY)
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = expf(s_m[w][g] - M);
+        L += s_l[w][g] * f;
+        A += s_acc[w][g][d] * f;
+      }
+    const int64_t head = hk * G + g;
+    if (chunks == 1) {
+      y[(b * H + head) * D + d] = from_float<T>(L > 0.f ? A / L : 0.f);
+    } else {
+      float* out = work + ((b * H + head) * chunks + chunk) * (D + 2);
+      if (d == 0) {
+        out[0] = M;
+        out[1] = L;
+      }
+      out[2 + d] = A;
+    }
+  }
+}
+
+// One block per (query head, row), one thread per dimension.
+template <typename T>
+__global__ void decode_combine_kernel(
+    const float* __restrict__ work,
+    T* __restrict__ y,
+    int64_t H,
+    int64_t D,
+    int64_t chunks) {
+  const int64_t head = blockIdx.x, b = blockIdx.y;
+  const float* in = work + (b * H + head) * chunks * (D + 2);
+  float M = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c)
+    M = fmaxf(M, in[c * (D + 2)]);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY)
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = in + c * (D + 2);
+        const float f = expf(part[0] - M);
+        L += part[1] * f;
+        A += part[2 + d] * f;
+      }
+    y[(b * H + head) * D + d] = from_float<T>(L > 0.f ? A / L : 0.f);
+  }
+}
+
+int64_t chunks_of(int64_t key_len) {
+  return (key_len + kDecodeChunk - 1) / kDecodeChunk;
+}
+
+} // namespace
+
+bool decode_attention_supports(int64_t H, int64_t Hkv, int64_t D) {
+  return Hkv > 0 && H % Hkv == 0 && H / Hkv <= kMaxGroup && D > 0 &&
+      D % kWarp == 0 && D <= kMaxDim;
+}
+
+int64_t decode_attention_workspace(
+    int64_t B,
+    int64_t H,
+    int64_t key_len,
+    int64_t D) {
+  const int64_t chunks = chunks_of(key_len);
+  return chunks > 1 ? B * H * chunks * (D + 2) : 0;
+}
+
+int decode_attention(
+    Dtype dtype,
+    const void* q,
+    const void* cache_k,
+    const void* cache_v,
+    const int64_t* pos,
+    void* y,
+    float* workspace,
+    int64_t B,
+    int64_t H,
+    int64_t Hkv,
+    int64_t D,
+    int64_t capacity,
+    int64_t key_len,
+    int64_t window,
+    float scale,
+    void* stream) {
+  if (B == 0 || key_len <= 0)
+    return 0;
+  if (!decode_attention_supports(H, Hkv, D))
+    return int(cudaErrorInvalidValue);
+  const int64_t chunks = chunks_of(key_len);
+  const dim3 grid(unsigned(chunks), unsigned(Hkv), unsigned(B));
+  auto s = cudaStream_t(stream);
+  return dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const auto* qt = static_cast<const T*>(q);
+    const auto* kt = static_cast<const T*>(cache_k);
+    const auto* vt = static_cast<const T*>(cache_v);
+    auto* yt = static_cast<T*>(y);
+    auto chunk = [&](auto kernel) {
+      kernel<<<grid, kWarps * kWarp, 0, s>>>(
+          qt, kt, vt, pos, yt, workspace, H, Hkv, capacity, key_len, window,
+          scale);
+    };
+    switch (D / kWarp) {
+      case 1:
+        chunk(decode_chunk_kernel<T, 1>);
+        break;
+      case 2:
+        chunk(decode_chunk_kernel<T, 2>);
+        break;
+      case 3:
+        chunk(decode_chunk_kernel<T, 3>);
+        break;
+      case 4:
+        chunk(decode_chunk_kernel<T, 4>);
+        break;
+      case 5:
+        chunk(decode_chunk_kernel<T, 5>);
+        break;
+      case 6:
+        chunk(decode_chunk_kernel<T, 6>);
+        break;
+      case 7:
+        chunk(decode_chunk_kernel<T, 7>);
+        break;
+      case 8:
+        chunk(decode_chunk_kernel<T, 8>);
+        break;
+      default:
+        return int(cudaErrorInvalidValue);
+    }
+    if (chunks > 1)
+      decode_combine_kernel<T><<<dim3(unsigned(H), unsigned(B)), int(D), 0, s>>>(
+          workspace, yt, H, D, chunks);
+    return int(cudaGetLastError());
+  });
+}
+
+} // namespace orchard::ops::cuda

@@ -1,0 +1,117 @@
+// A few rows times an NF4 matrix without expanding it (plain definition
+// and oracle: ops::nf4_linear, which expands the whole matrix to the
+// compute dtype, then multiplies: three times the matrix's bytes moved
+// for each product, where this reads each 4-bit code once).
+#include "ops/cuda/numeric.cuh"
+
+namespace orchard::ops::cuda {
+namespace {
+
+// The NF4 levels (ops::nf4_levels, the QLoRA paper's table).
+__constant__ float kLevels[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f};
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kPerLane = 16; // weights a lane expands per step (8 bytes)
+
+// One warp per output o; lane l takes weights [s + 16 l, s + 16 l + 16) of
+// each 512-wide step s, which lie in one 64-value absmax block.
+template <typename T>
+__global__ void nf4_matvec_kernel(
+    const T* __restrict__ x,
+    const uint8_t* __restrict__ codes,
+    const T* __restrict__ absmax,
+    T* __restrict__ y,
+    int N,
+    int64_t out,
+    int64_t in) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t o = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (o >= out)
+    return;
+  float acc[kNf4MaxRows];
+#pragma unroll
+  for (int n = 0; n < kNf4MaxRows; ++n)
+    acc[n] = 0.f;
+  const int64_t row = o * in;
+  for (int64_t i0 = int64_t(lane) * kPerLane; i0 < in; i0 += kWarp * kPerLane) {
+    const uint2 packed =
+        *reinterpret_cast<const uint2*>(codes + (row + i0) / 2);
+    const float scale = to_float(absmax[(row + i0) / 64]);
+    float w[kPerLane];
+    const uint32_t words[2] = {packed.x, packed.y};
+#pragma unroll
+    for (int byte = 0; byte < 8; ++byte) {
+      const uint32_t c = (words[byte / 4] >> (8 * (byte % 4))) & 0xffu;
+      // The level rounded to T, times absmax, rounded: what
+      // dequantize_nf4 computes in T.
+      w[2 * byte] = round_to<T>(round_to<T>(kLevels[c >> 4]) * scale);
+      w[2 * byte + 1] = round_to<T>(round_to<T>(kLevels[c & 15u]) * scale);
+    }
+#pragma unroll
+    for (int n = 0; n < kNf4MaxRows; ++n) {
+      if (n >= N)
+        break;
+      const T* xr = x + int64_t(n) * in + i0;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e)
+        acc[n] += to_float(xr[e]) * w[e];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kNf4MaxRows; ++n) {
+    if (n >= N)
+      break;
+    const float s = warp_sum(acc[n]);
+    if (lane == 0)
+      y[int64_t(n) * out + o] = from_float<T>(s);
+  }
+}
+
+} // namespace
+
+int nf4_matvec(
+    Dtype dtype,
+    const void* x,
+    const uint8_t* codes,
+    const void* absmax,
+    void* y,
+    int64_t N,
+    int64_t out,
+    int64_t in,
+    void* stream) {
+  if (N == 0 || out == 0)
+    return 0;
+  if (N > kNf4MaxRows || in % 64 != 0)
+    return int(cudaErrorInvalidValue);
+  const unsigned blocks = unsigned((out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  return dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    nf4_matvec_kernel<T><<<blocks, kWarpsPerBlock * kWarp, 0, cudaStream_t(stream)>>>(
+        static_cast<const T*>(x),
+        codes,
+        static_cast<const T*>(absmax),
+        static_cast<T*>(y),
+        int(N),
+        out,
+        in);
+    return int(cudaGetLastError());
+  });
+}
+
+} // namespace orchard::ops::cuda

@@ -1,0 +1,74 @@
+// What the kernels share: conversions between the storage types and
+// float32 (rounding to nearest even, as PyTorch's casts do), the Dtype to
+// type dispatch, and a warp's sum.
+#pragma once
+
+#include "ops/cuda/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace orchard::ops::cuda {
+
+constexpr int kWarp = 32;
+
+__device__ inline float to_float(float v) {
+  return v;
+}
+__device__ inline float to_float(__half v) {
+  return __half2float(v);
+}
+__device__ inline float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// v rounded to T and back: what a PyTorch op on T tensors stores.
+template <typename T>
+__device__ inline float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Calls f(T{}) with T the storage type of `dtype`; returns f's result, or
+// cudaErrorInvalidValue for an unknown dtype.
+template <typename F>
+int dispatch(Dtype dtype, F&& f) {
+  switch (dtype) {
+    case Dtype::float32:
+      return f(float{});
+    case Dtype::float16:
+      return f(__half{});
+    case Dtype::bfloat16:
+      return f(__nv_bfloat16{});
+  }
+  return int(cudaErrorInvalidValue);
+}
+
+} // namespace orchard::ops::cuda

@@ -1,0 +1,58 @@
+#include "ops/kernel_call.h"
+
+#ifdef ORCHARD_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <stdexcept>
+#include <string>
+
+namespace orchard::ops::kernel {
+
+bool usable(std::initializer_list<torch::Tensor> tensors) {
+#ifdef ORCHARD_CUDA_KERNELS
+  if (tensors.size() == 0)
+    return false;
+  const auto& first = *tensors.begin();
+  const auto t = first.scalar_type();
+  if (!first.is_cuda() ||
+      !(t == torch::kFloat32 || t == torch::kFloat16 || t == torch::kBFloat16))
+    return false;
+  const bool grad = torch::GradMode::is_enabled();
+  for (const auto& x : tensors)
+    if (!x.defined() || x.device() != first.device() || x.scalar_type() != t ||
+        (grad && x.requires_grad()))
+      return false;
+  return true;
+#else
+  (void)tensors;
+  return false;
+#endif
+}
+
+#ifdef ORCHARD_CUDA_KERNELS
+cuda::Dtype dtype_of(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat16:
+      return cuda::Dtype::float16;
+    case torch::kBFloat16:
+      return cuda::Dtype::bfloat16;
+    default:
+      return cuda::Dtype::float32;
+  }
+}
+
+void* stream_of(const torch::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+void check(int err, const char* op) {
+  if (err != 0)
+    throw std::runtime_error(
+        std::string("[") + op +
+        "] the CUDA kernel failed to launch (cudaError " + std::to_string(err) +
+        ")");
+}
+#endif
+
+} // namespace orchard::ops::kernel
