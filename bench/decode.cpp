@@ -13,6 +13,7 @@
 //     projections in NF4 (the fraction is of the bf16 bound).
 #include "core/machine.h"
 #include "core/torch_compat.h"
+#include "infer/decode_step.h"
 #include "infer/engine.h"
 #include "models/hf/model.h"
 
@@ -104,6 +105,39 @@ int main(int argc, char** argv) {
   };
   for (bool graphs : {true, false})
     batch1(model, graphs, "");
+  {
+    // The decoding step alone (no sampling, no host work between steps):
+    // what the engine's per-token overhead is measured against.
+    const auto& c = model->config;
+    const auto opt =
+        torch::TensorOptions().device(dev).dtype(*lo.dtype);
+    orchard::models::BatchKvCache cache;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      cache.k.push_back(
+          torch::zeros({1, c.num_key_value_heads, P + N, c.head_dim}, opt));
+      cache.v.push_back(torch::zeros_like(cache.k.back()));
+    }
+    orchard::infer::DecodeStep step(model.ptr(), true);
+    auto idx = torch::ones({1}, opt.dtype(torch::kInt64));
+    auto pos = torch::full({1}, P + N / 2, opt.dtype(torch::kInt64));
+    for (int i = 0; i < 3; ++i)
+      step.run(idx, pos, cache, P + N);
+    orchard::compat::synchronize(dev);
+    const int reps = 200;
+    const double s0 = now_s();
+    for (int i = 0; i < reps; ++i)
+      step.run(idx, pos, cache, P + N);
+    orchard::compat::synchronize(dev);
+    const double per = (now_s() - s0) / reps;
+    std::printf(
+        "decode step alone (%s, batch 1, %lld keys): %.3f ms = %.1f tok/s "
+        "(%.0f %% of the bound)\n",
+        step.uses_graphs() ? "CUDA graph" : "eager",
+        (long long)(P + N),
+        per * 1e3,
+        1.0 / per,
+        100.0 * bytes / (bw * 1e9) / per);
+  }
   Engine e(model.ptr(), dev, true);
   for (int64_t B : {8, 32}) {
     std::vector<std::vector<int64_t>> prompts;

@@ -1,6 +1,7 @@
 #include "models/lora_linear.h"
 
 #include "core/error.h"
+#include "ops/linear.h"
 
 #include <algorithm>
 
@@ -34,8 +35,7 @@ torch::Tensor ProjImpl::base(const torch::Tensor& x2) const {
     auto y = ops::nf4_linear(x2, q4);
     return bias.defined() ? y + bias : y;
   }
-  return bias.defined() ? at::addmm(bias, x2, weight.t())
-                        : at::mm(x2, weight.t());
+  return ops::linear(x2, weight, bias);
 }
 
 torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
@@ -45,7 +45,7 @@ torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
     lead.back() = out_features;
     y = base(x.reshape({-1, in_features})).view(lead);
   } else {
-    y = F::linear(x, weight, bias);
+    y = x.dim() == 2 ? ops::linear(x, weight, bias) : F::linear(x, weight, bias);
   }
   if (!has_lora())
     return y;

@@ -118,6 +118,10 @@ bool nf4_matvec_is_fused(const torch::Tensor& x, const Nf4Weight& q) {
 #ifdef ORCHARD_CUDA_KERNELS
   return q.defined() && kernel::usable({x, q.absmax}) && x.dim() == 2 &&
       x.size(0) <= cuda::kNf4MaxRows && x.size(1) == q.in &&
+      x.is_contiguous() &&
+      // 16-byte loads of x and of the codes
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(q.codes.data_ptr()) % 16 == 0 &&
       q.in % kNf4Block == 0 && q.codes.device() == x.device() &&
       q.codes.scalar_type() == torch::kUInt8 && q.codes.is_contiguous() &&
       q.absmax.is_contiguous();
@@ -132,12 +136,11 @@ torch::Tensor nf4_linear(const torch::Tensor& x, const Nf4Weight& q) {
     return Nf4Linear::apply(x, q.codes, q.absmax, q.pairs, q.out, q.in);
 #ifdef ORCHARD_CUDA_KERNELS
   const c10::cuda::CUDAGuard on_device(x.device());
-  auto xc = x.contiguous();
   auto y = torch::empty({x.size(0), q.out}, x.options());
   kernel::check(
       cuda::nf4_matvec(
           kernel::dtype_of(x),
-          xc.data_ptr(),
+          x.data_ptr(),
           q.codes.data_ptr<uint8_t>(),
           q.absmax.data_ptr(),
           y.data_ptr(),

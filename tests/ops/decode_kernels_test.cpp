@@ -1,10 +1,11 @@
 // The decoding step's ops (ops/rotary_cache.h, ops/attention.h's
 // decode_attention, ops/silu_mul.h, ops/rms_norm.h's add_rms_norm,
-// ops/nf4.h's nf4_linear): each plain definition against a hand
+// ops/nf4.h's nf4_linear, ops/linear.h): each plain definition against a hand
 // computation on the CPU, and each CUDA kernel against the plain
 // definition or a float64 computation (skipped where the kernels are not
 // built or there is no GPU).
 #include "ops/attention.h"
+#include "ops/linear.h"
 #include "ops/nf4.h"
 #include "ops/rms_norm.h"
 #include "ops/rotary_cache.h"
@@ -15,6 +16,7 @@
 #include <array>
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -301,6 +303,40 @@ TEST(DecodeOps, Nf4KernelEqualsTheExpandedMatrixProduct) {
             << dtype << " " << out << "x" << in << " N " << N;
       }
     }
+}
+
+TEST(DecodeOps, MatvecKernelIsTheMatrixProduct) {
+  torch::NoGradGuard no_grad;
+  {
+    auto x = torch::randn({3, 16}, torch::kFloat64);
+    auto w = torch::randn({5, 16}, torch::kFloat64);
+    auto b = torch::randn({5}, torch::kFloat64);
+    EXPECT_LT(max_diff(ops::linear(x, w, b), x.matmul(w.t()) + b), 1e-12);
+    EXPECT_LT(max_diff(ops::linear(x, w), x.matmul(w.t())), 1e-12);
+  }
+  REQUIRE_KERNELS(cuda);
+  torch::manual_seed(17);
+  // Llama 3.2 3B's qkv and down, Qwen2.5 0.5B's qkv (with its bias), a
+  // width that is not a multiple of the warp's stride.
+  for (auto [out, in, with_bias] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+           {5120, 3072, false}, {3072, 8192, false}, {1152, 896, true}, {37, 40, true}})
+    for (auto dtype : kDtypes)
+      for (int64_t N : {1, 3, 8, 9}) {
+        const auto opt = torch::TensorOptions().device(cuda).dtype(dtype);
+        auto x = torch::randn({N, in}, opt);
+        auto w = (torch::randn({out, in}, opt) * 0.05).to(dtype);
+        auto b = with_bias ? torch::randn({out}, opt) : torch::Tensor();
+        EXPECT_EQ(ops::linear_is_matvec(x, w, b), N <= 8 && in % (16 / x.element_size()) == 0)
+            << dtype << " " << out << "x" << in;
+        auto got = ops::linear(x, w, b);
+        ASSERT_EQ(got.sizes(), (std::vector<int64_t>{N, out}));
+        auto want = x.to(torch::kFloat64).matmul(w.to(torch::kFloat64).t());
+        if (with_bias)
+          want = want + b.to(torch::kFloat64);
+        const double tol = dtype == torch::kFloat32 ? 1e-5 : 2 * ulp(dtype);
+        EXPECT_LT(relative_error(got, want), tol)
+            << dtype << " " << out << "x" << in << " N " << N;
+      }
 }
 
 } // namespace

@@ -5,6 +5,7 @@
 #include "core/torch_compat.h"
 #include "models/checkpointing.h"
 #include "ops/attention.h"
+#include "ops/linear.h"
 #include "ops/linear_cross_entropy.h"
 #include "ops/nf4.h"
 #include "ops/rms_norm.h"
@@ -294,7 +295,7 @@ class LayerProjections {
     if (idx.size() > 1 && stacked_[size_t(first)].first.defined()) {
       // prepare_inference()'s stacked weights: one product, split.
       const auto& [w, b] = stacked_[size_t(first)];
-      auto y = b.defined() ? at::addmm(b, h2, w.t()) : at::mm(h2, w.t());
+      auto y = ops::linear(h2, w, b);
       std::vector<int64_t> sizes;
       for (int k : idx)
         sizes.push_back(ps_[size_t(k)]->out_features);
@@ -506,8 +507,8 @@ torch::Tensor LlamaImpl::decode_batch(
     add_then_norm(pending, model->norm);
   else
     h = model->norm(x);
-  auto logits = lm_head.is_empty() ? F::linear(h, lm_weight()) : lm_head(h);
-  logits = logits.view({B, -1});
+  auto h2 = h.view({B, -1});
+  auto logits = lm_head.is_empty() ? ops::linear(h2, lm_weight()) : lm_head(h2);
   return logits.scalar_type() == torch::kFloat64 ? logits
                                                  : logits.to(torch::kFloat32);
 }

@@ -164,6 +164,44 @@ int64_t chunks_of(int64_t key_len) {
   return (key_len + kDecodeChunk - 1) / kDecodeChunk;
 }
 
+template <typename T>
+struct Args {
+  const T* q;
+  const T* cache_k;
+  const T* cache_v;
+  const int64_t* pos;
+  T* y;
+  float* workspace;
+  int64_t B, H, Hkv, D, capacity, key_len, window;
+  float scale;
+  int64_t chunks;
+  cudaStream_t stream;
+};
+
+template <typename T, int VEC>
+int launch(const Args<T>& a) {
+  const dim3 grid(unsigned(a.chunks), unsigned(a.Hkv), unsigned(a.B));
+  decode_chunk_kernel<T, VEC><<<grid, kWarps * kWarp, 0, a.stream>>>(
+      a.q,
+      a.cache_k,
+      a.cache_v,
+      a.pos,
+      a.y,
+      a.workspace,
+      a.H,
+      a.Hkv,
+      a.capacity,
+      a.key_len,
+      a.window,
+      a.scale);
+  if (a.chunks > 1) {
+    const dim3 heads(unsigned(a.H), unsigned(a.B));
+    decode_combine_kernel<T><<<heads, unsigned(a.D), 0, a.stream>>>(
+        a.workspace, a.y, a.H, a.D, a.chunks);
+  }
+  return int(cudaGetLastError());
+}
+
 } // namespace
 
 bool decode_attention_supports(int64_t H, int64_t Hkv, int64_t D) {
@@ -202,51 +240,44 @@ int decode_attention(
   if (!decode_attention_supports(H, Hkv, D))
     return int(cudaErrorInvalidValue);
   const int64_t chunks = chunks_of(key_len);
-  const dim3 grid(unsigned(chunks), unsigned(Hkv), unsigned(B));
-  auto s = cudaStream_t(stream);
   return dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
-    const auto* qt = static_cast<const T*>(q);
-    const auto* kt = static_cast<const T*>(cache_k);
-    const auto* vt = static_cast<const T*>(cache_v);
-    auto* yt = static_cast<T*>(y);
-    auto chunk = [&](auto kernel) {
-      kernel<<<grid, kWarps * kWarp, 0, s>>>(
-          qt, kt, vt, pos, yt, workspace, H, Hkv, capacity, key_len, window,
-          scale);
-    };
+    const Args<T> args{
+        static_cast<const T*>(q),
+        static_cast<const T*>(cache_k),
+        static_cast<const T*>(cache_v),
+        pos,
+        static_cast<T*>(y),
+        workspace,
+        B,
+        H,
+        Hkv,
+        D,
+        capacity,
+        key_len,
+        window,
+        scale,
+        chunks,
+        cudaStream_t(stream)};
     switch (D / kWarp) {
       case 1:
-        chunk(decode_chunk_kernel<T, 1>);
-        break;
+        return launch<T, 1>(args);
       case 2:
-        chunk(decode_chunk_kernel<T, 2>);
-        break;
+        return launch<T, 2>(args);
       case 3:
-        chunk(decode_chunk_kernel<T, 3>);
-        break;
+        return launch<T, 3>(args);
       case 4:
-        chunk(decode_chunk_kernel<T, 4>);
-        break;
+        return launch<T, 4>(args);
       case 5:
-        chunk(decode_chunk_kernel<T, 5>);
-        break;
+        return launch<T, 5>(args);
       case 6:
-        chunk(decode_chunk_kernel<T, 6>);
-        break;
+        return launch<T, 6>(args);
       case 7:
-        chunk(decode_chunk_kernel<T, 7>);
-        break;
+        return launch<T, 7>(args);
       case 8:
-        chunk(decode_chunk_kernel<T, 8>);
-        break;
-      default:
-        return int(cudaErrorInvalidValue);
+        return launch<T, 8>(args);
     }
-    if (chunks > 1)
-      decode_combine_kernel<T><<<dim3(unsigned(H), unsigned(B)), int(D), 0, s>>>(
-          workspace, yt, H, D, chunks);
-    return int(cudaGetLastError());
+    return int(cudaErrorInvalidValue);
   });
 }
 

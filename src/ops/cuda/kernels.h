@@ -132,4 +132,22 @@ int nf4_matvec(
     int64_t in,
     void* stream);
 
+// y (N, out) = x (N, in) W^T (+ bias), W (out, in) row-major, all of type
+// T, sums in float32 and one rounding (the bias added before it). N at
+// most kMatvecMaxRows; x, W and y 16-byte aligned and `in` a multiple of
+// 16 bytes' worth of T. One warp per output, 16-byte loads of W kept in
+// flight: decoding's products, where cuBLAS reaches 65-85 % of the memory
+// bus on one row (bench/peers/gemv_bandwidth.py).
+constexpr int64_t kMatvecMaxRows = 8;
+int matvec(
+    Dtype dtype,
+    const void* x,
+    const void* W,
+    const void* bias,
+    void* y,
+    int64_t N,
+    int64_t out,
+    int64_t in,
+    void* stream);
+
 } // namespace orchard::ops::cuda

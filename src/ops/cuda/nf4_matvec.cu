@@ -27,10 +27,28 @@ __constant__ float kLevels[16] = {
     1.0f};
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kPerLane = 16; // weights a lane expands per step (8 bytes)
+constexpr int kPerLane = 32; // weights a lane expands per step (16 bytes)
 
-// One warp per output o; lane l takes weights [s + 16 l, s + 16 l + 16) of
-// each 512-wide step s, which lie in one 64-value absmax block.
+// Eight values of x from 16-byte-aligned memory, as float32.
+__device__ inline void load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+template <typename T>
+__device__ inline void load8(const T* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    out[e] = to_float(v[e]);
+}
+
+// One warp per output o; lane l takes weights [s + 32 l, s + 32 l + 32) of
+// each 1024-wide step s: 16 bytes of codes, within one 64-value absmax
+// block. The 16 levels (rounded to T) sit in shared memory: a table in
+// constant memory would serialise the lanes' differing indices.
 template <typename T>
 __global__ void nf4_matvec_kernel(
     const T* __restrict__ x,
@@ -40,6 +58,10 @@ __global__ void nf4_matvec_kernel(
     int N,
     int64_t out,
     int64_t in) {
+  __shared__ float level[16];
+  if (threadIdx.x < 16)
+    level[threadIdx.x] = round_to<T>(kLevels[threadIdx.x]);
+  __syncthreads();
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (o >= out)
@@ -50,18 +72,16 @@ __global__ void nf4_matvec_kernel(
     acc[n] = 0.f;
   const int64_t row = o * in;
   for (int64_t i0 = int64_t(lane) * kPerLane; i0 < in; i0 += kWarp * kPerLane) {
-    const uint2 packed =
-        *reinterpret_cast<const uint2*>(codes + (row + i0) / 2);
+    const uint4 packed = *reinterpret_cast<const uint4*>(codes + (row + i0) / 2);
     const float scale = to_float(absmax[(row + i0) / 64]);
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
     float w[kPerLane];
-    const uint32_t words[2] = {packed.x, packed.y};
 #pragma unroll
-    for (int byte = 0; byte < 8; ++byte) {
+    for (int byte = 0; byte < 16; ++byte) {
       const uint32_t c = (words[byte / 4] >> (8 * (byte % 4))) & 0xffu;
-      // The level rounded to T, times absmax, rounded: what
-      // dequantize_nf4 computes in T.
-      w[2 * byte] = round_to<T>(round_to<T>(kLevels[c >> 4]) * scale);
-      w[2 * byte + 1] = round_to<T>(round_to<T>(kLevels[c & 15u]) * scale);
+      // The level times absmax, rounded: what dequantize_nf4 computes in T.
+      w[2 * byte] = round_to<T>(level[c >> 4] * scale);
+      w[2 * byte + 1] = round_to<T>(level[c & 15u] * scale);
     }
 #pragma unroll
     for (int n = 0; n < kNf4MaxRows; ++n) {
@@ -69,8 +89,13 @@ __global__ void nf4_matvec_kernel(
         break;
       const T* xr = x + int64_t(n) * in + i0;
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e)
-        acc[n] += to_float(xr[e]) * w[e];
+      for (int part = 0; part < kPerLane / 8; ++part) {
+        float xv[8];
+        load8(xr + part * 8, xv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          acc[n] += xv[e] * w[part * 8 + e];
+      }
     }
   }
 #pragma unroll

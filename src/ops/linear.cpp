@@ -1,0 +1,71 @@
+#include "ops/linear.h"
+
+#include "ops/kernel_call.h"
+
+#ifdef ORCHARD_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include <cstdint>
+
+namespace orchard::ops {
+
+namespace {
+
+bool aligned16(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+} // namespace
+
+bool linear_is_matvec(
+    const torch::Tensor& x,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias) {
+#ifdef ORCHARD_CUDA_KERNELS
+  if (!kernel::usable({x, weight}) ||
+      (bias.defined() && !kernel::usable({x, bias})))
+    return false;
+  const int64_t per_piece = 16 / int64_t(x.element_size());
+  return x.dim() == 2 && weight.dim() == 2 &&
+      x.size(0) <= cuda::kMatvecMaxRows && x.size(1) == weight.size(1) &&
+      x.size(1) % per_piece == 0 && x.is_contiguous() &&
+      weight.is_contiguous() && aligned16(x) && aligned16(weight) &&
+      (!bias.defined() ||
+       (bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+        bias.is_contiguous()));
+#else
+  (void)x, (void)weight, (void)bias, (void)aligned16;
+  return false;
+#endif
+}
+
+torch::Tensor linear(
+    const torch::Tensor& x,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias) {
+  if (!linear_is_matvec(x, weight, bias))
+    return bias.defined() ? at::addmm(bias, x, weight.t())
+                          : at::mm(x, weight.t());
+#ifdef ORCHARD_CUDA_KERNELS
+  const c10::cuda::CUDAGuard on_device(x.device());
+  auto y = torch::empty({x.size(0), weight.size(0)}, x.options());
+  kernel::check(
+      cuda::matvec(
+          kernel::dtype_of(x),
+          x.data_ptr(),
+          weight.data_ptr(),
+          bias.defined() ? bias.data_ptr() : nullptr,
+          y.data_ptr(),
+          x.size(0),
+          weight.size(0),
+          x.size(1),
+          kernel::stream_of(x)),
+      "linear");
+  return y;
+#else
+  return at::mm(x, weight.t());
+#endif
+}
+
+} // namespace orchard::ops
