@@ -31,7 +31,7 @@ M=/tmp/llama-3.2-3b-shape Q=/tmp/qwen-0.5b-shape
   [ -f $Q/config.json ] || python3 bench/peers/lora_step.py --make-qwen $Q 2>&1 | grep -v Warn | tail -1
   cp tests/fixtures/tokenizers/llama3/* $M/ ) > "$OUT/make_models.log" 2>&1 &
 maker=$!
-./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-RmsNorm.*:Decode.*:Attention.*:Engine.*:BatchEngine.*:Serve.*}" \
+./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-DecodeOps.*:RmsNorm.*:Decode.*:Attention.*:Engine.*:BatchEngine.*:Serve.*}" \
   > "$OUT/unit.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \] Decode|tests ran" "$OUT/unit.log" | head -30
 ./build-cuda/orchard_golden_tests --gtest_filter='*Decoding*:*PreparedForInference*' > "$OUT/golden.log" 2>&1 || status=1

@@ -2,7 +2,7 @@
 // torch::nn::Linear and Hugging Face checkpoints.
 //
 // at::mm / at::addmm (cuBLAS on CUDA) is the definition. For decoding
-// (at most 8 rows on a CUDA device, one dtype, nothing needing a gradient,
+// (one row on a CUDA device, one dtype, nothing needing a gradient,
 // contiguous 16-byte-aligned x and W) it is one matrix-vector kernel
 // instead (src/ops/cuda/matvec.cu), which streams W closer to the memory
 // bus than cuBLAS does on one row: the same numbers up to the order of the

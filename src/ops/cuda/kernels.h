@@ -136,9 +136,11 @@ int nf4_matvec(
 // T, sums in float32 and one rounding (the bias added before it). N at
 // most kMatvecMaxRows; x, W and y 16-byte aligned and `in` a multiple of
 // 16 bytes' worth of T. One warp per output, 16-byte loads of W kept in
-// flight: decoding's products, where cuBLAS reaches 65-85 % of the memory
-// bus on one row (bench/peers/gemv_bandwidth.py).
-constexpr int64_t kMatvecMaxRows = 8;
+// flight: decoding's one-row products, where cuBLAS reaches 65-85 % of
+// the memory bus (bench/peers/gemv_bandwidth.py). One row only: with N
+// rows each piece of W meets N pieces of x from L1, and at 8 rows the
+// kernel took twice cuBLAS's time (H100, 2026-11-24).
+constexpr int64_t kMatvecMaxRows = 1;
 int matvec(
     Dtype dtype,
     const void* x,

@@ -37,7 +37,7 @@ __global__ void matvec_kernel(
     return;
   const int64_t pieces = in / kVec;
   const uint4* wr = reinterpret_cast<const uint4*>(W + o * in);
-  float acc[kMatvecMaxRows];
+  float acc[kMatvecMaxRows > 0 ? kMatvecMaxRows : 1];
 #pragma unroll
   for (int n = 0; n < kMatvecMaxRows; ++n)
     acc[n] = 0.f;
