@@ -10,15 +10,6 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 4; // 16-byte loads of W a lane keeps in flight
 
-template <typename T>
-__device__ inline void unpack(const uint4& raw, float* out) {
-  constexpr int n = 16 / sizeof(T);
-  const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int e = 0; e < n; ++e)
-    out[e] = to_float(v[e]);
-}
-
 // One warp per output o: lane l reads the 16-byte pieces l, l + 32, ... of
 // W's row o, kUnroll at a time, and the matching pieces of each x row.
 template <typename T>
@@ -54,30 +45,20 @@ __global__ void matvec_kernel(
       if (p >= pieces)
         break;
       float w[kVec];
-      unpack<T>(wv[u], w);
+      unpack16<T>(wv[u], w);
 #pragma unroll
       for (int n = 0; n < kMatvecMaxRows; ++n) {
         if (n >= N)
           break;
         float xv[kVec];
-        unpack<T>(__ldg(reinterpret_cast<const uint4*>(x + n * in) + p), xv);
+        unpack16<T>(__ldg(reinterpret_cast<const uint4*>(x + n * in) + p), xv);
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
           acc[n] += xv[e] * w[e];
       }
     }
   }
-#pragma unroll
-  for (int n = 0; n < kMatvecMaxRows; ++n) {
-    if (n >= N)
-      break;
-    float s = warp_sum(acc[n]);
-    if (lane == 0) {
-      if (bias)
-        s += to_float(bias[o]);
-      y[int64_t(n) * out + o] = from_float<T>(s);
-    }
-  }
+  write_warp_sums<T>(acc, N, bias, y, out, o);
 }
 
 } // namespace

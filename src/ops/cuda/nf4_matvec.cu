@@ -3,47 +3,16 @@
 // compute dtype, then multiplies: three times the matrix's bytes moved
 // for each product, where this reads each 4-bit code once).
 #include "ops/cuda/numeric.cuh"
+#include "ops/nf4_levels.h"
 
 namespace orchard::ops::cuda {
 namespace {
 
 // The NF4 levels (ops::nf4_levels, the QLoRA paper's table).
-__constant__ float kLevels[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f};
+__constant__ float kLevels[16] = {ORCHARD_NF4_LEVELS};
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kPerLane = 32; // weights a lane expands per step (16 bytes)
-
-// Eight values of x from 16-byte-aligned memory, as float32.
-__device__ inline void load8(const float* p, float* out) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-}
-template <typename T>
-__device__ inline void load8(const T* p, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-    out[e] = to_float(v[e]);
-}
 
 // One warp per output o; lane l takes weights [s + 32 l, s + 32 l + 32) of
 // each 1024-wide step s: 16 bytes of codes, within one 64-value absmax
@@ -88,24 +57,18 @@ __global__ void nf4_matvec_kernel(
       if (n >= N)
         break;
       const T* xr = x + int64_t(n) * in + i0;
+      constexpr int kVec = 16 / sizeof(T); // x values a 16-byte load holds
 #pragma unroll
-      for (int part = 0; part < kPerLane / 8; ++part) {
-        float xv[8];
-        load8(xr + part * 8, xv);
+      for (int piece = 0; piece < kPerLane / kVec; ++piece) {
+        float xv[kVec];
+        unpack16<T>(__ldg(reinterpret_cast<const uint4*>(xr) + piece), xv);
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          acc[n] += xv[e] * w[part * 8 + e];
+        for (int e = 0; e < kVec; ++e)
+          acc[n] += xv[e] * w[piece * kVec + e];
       }
     }
   }
-#pragma unroll
-  for (int n = 0; n < kNf4MaxRows; ++n) {
-    if (n >= N)
-      break;
-    const float s = warp_sum(acc[n]);
-    if (lane == 0)
-      y[int64_t(n) * out + o] = from_float<T>(s);
-  }
+  write_warp_sums<T>(acc, N, static_cast<const T*>(nullptr), y, out, o);
 }
 
 } // namespace

@@ -56,6 +56,40 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// The 16 / sizeof(T) values of T in a 16-byte load, as float32.
+template <typename T>
+__device__ inline void unpack16(const uint4& raw, float* out) {
+  constexpr int n = 16 / sizeof(T);
+  const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < n; ++e)
+    out[e] = to_float(v[e]);
+}
+
+// A warp's partial sums of rows 0..N-1 of one output o, summed over the
+// warp and written by lane 0 to y[n][o] (plus bias[o] where given), one
+// rounding to T.
+template <typename T, int MaxRows>
+__device__ inline void write_warp_sums(
+    const float (&acc)[MaxRows],
+    int N,
+    const T* bias,
+    T* y,
+    int64_t out,
+    int64_t o) {
+#pragma unroll
+  for (int n = 0; n < MaxRows; ++n) {
+    if (n >= N)
+      break;
+    float s = warp_sum(acc[n]);
+    if (threadIdx.x % kWarp == 0) {
+      if (bias)
+        s += to_float(bias[o]);
+      y[int64_t(n) * out + o] = from_float<T>(s);
+    }
+  }
+}
+
 // Calls f(T{}) with T the storage type of `dtype`; returns f's result, or
 // cudaErrorInvalidValue for an unknown dtype.
 template <typename F>
