@@ -10,6 +10,7 @@
 #include "ops/rms_norm.h"
 #include "ops/rotary_cache.h"
 #include "ops/silu_mul.h"
+#include "ops/op_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -35,11 +36,7 @@ double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
       .item<double>();
 }
 
-double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
-  auto g = got.to(torch::kCPU, torch::kFloat64);
-  auto w = want.to(torch::kCPU, torch::kFloat64);
-  return (g - w).norm().item<double>() / w.norm().item<double>();
-}
+using test::relative_error;
 
 // One unit in the last place of the dtype at magnitude 1.
 double ulp(torch::ScalarType t) {

@@ -2,6 +2,7 @@
 // computation, and the fused CUDA kernel against the plain definition on
 // every dtype it takes (skipped where it is not built or there is no GPU).
 #include "ops/rms_norm.h"
+#include "ops/op_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -10,11 +11,7 @@
 namespace orchard {
 namespace {
 
-double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
-  auto g = got.to(torch::kCPU, torch::kFloat64);
-  auto w = want.to(torch::kCPU, torch::kFloat64);
-  return (g - w).norm().item<double>() / w.norm().item<double>();
-}
+using test::relative_error;
 
 TEST(RmsNorm, ThePlainDefinitionIsTheFormula) {
   torch::manual_seed(1);
