@@ -11,11 +11,13 @@
 //     temperature 1, with log-probabilities;
 //   with ORCHARD_BENCH_NF4 set (CUDA), batch 1 again with the layers'
 //     projections in NF4 (the fraction is of the bf16 bound).
+// ORCHARD_PDL=0 launches the kernels plainly (for a before/after).
 #include "core/machine.h"
 #include "core/torch_compat.h"
 #include "infer/decode_step.h"
 #include "infer/engine.h"
 #include "models/hf/model.h"
+#include "ops/kernel_call.h"
 
 #include <algorithm>
 #include <chrono>
@@ -64,6 +66,10 @@ int main(int argc, char** argv) {
       bytes / 1e9,
       bw,
       bw * 1e9 / bytes);
+  if (dev.is_cuda())
+    std::printf(
+        "kernels launched early (programmatic dependent launch): %s\n",
+        orchard::ops::kernel::launches_early() ? "yes" : "no");
   const int64_t V = model->config.vocab_size;
   auto prompt = [&](int64_t seed) {
     std::vector<int64_t> p(static_cast<size_t>(P), 0);

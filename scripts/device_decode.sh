@@ -10,7 +10,9 @@
 #   from the command line on the 3B shape (llama3 tokenizer fixture copied
 #   in).
 # KERNELS=OFF leaves out the CUDA kernels of src/ops/cuda (on by default);
-# TESTS is the unit tests' gtest filter; NO_PEER=1 skips transformers.
+# TESTS is the unit tests' gtest filter; NO_PEER=1 skips transformers;
+# PDL_AB=1 runs the 3B bench again with ORCHARD_PDL=0 (kernels launched
+# plainly, no programmatic dependent launch).
 set -uo pipefail
 OUT="${OUT:-/tmp/orchard-out}"
 mkdir -p "$OUT"
@@ -39,6 +41,10 @@ grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/golden.log" | head -10
 wait $maker; cat "$OUT/make_models.log"
 echo "=== Llama 3.2 3B shape, prompt 128 + 256 new"
 ./build-cuda/orchard_bench_decode $M cuda 128 256 2>&1 | tee "$OUT/bench_3b.txt" || status=1
+if [ "${PDL_AB:-0}" = 1 ]; then
+  echo "=== the same, kernels launched plainly (ORCHARD_PDL=0)"
+  ORCHARD_PDL=0 ./build-cuda/orchard_bench_decode $M cuda 128 256 2>&1 | tee "$OUT/bench_3b_nopdl.txt" || status=1
+fi
 [ "${NO_PEER:-0}" = 1 ] || python3 bench/peers/hf_generate.py $M 128 256 2>&1 | grep -E "^transformers|Error|error" | tee -a "$OUT/bench_3b.txt"
 echo "=== orchard generate on the 3B shape (command line)"
 ./build-cuda/orchard generate --model $M --prompt "The orchard" --temperature 0 --max-new-tokens 256 2>&1 | tail -1

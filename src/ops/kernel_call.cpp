@@ -30,6 +30,14 @@ bool usable(std::initializer_list<torch::Tensor> tensors) {
 #endif
 }
 
+bool launches_early() {
+#ifdef ORCHARD_CUDA_KERNELS
+  return torch::cuda::is_available() && cuda::dependent_launch_active();
+#else
+  return false;
+#endif
+}
+
 #ifdef ORCHARD_CUDA_KERNELS
 cuda::Dtype dtype_of(const torch::Tensor& t) {
   switch (t.scalar_type()) {

@@ -20,6 +20,11 @@ namespace orchard::ops::kernel {
 // (float32, float16 or bfloat16), and no gradient is wanted of any.
 bool usable(std::initializer_list<torch::Tensor> tensors);
 
+// Whether the kernels start before the kernel ahead of them has ended
+// (programmatic dependent launch; cuda::dependent_launch_active), on the
+// current CUDA device. False without the kernels.
+bool launches_early();
+
 #ifdef ORCHARD_CUDA_KERNELS
 cuda::Dtype dtype_of(const torch::Tensor& t);
 // The current CUDA stream of t's device, as the kernels take it.

@@ -5,6 +5,7 @@
 // definition or a float64 computation (skipped where the kernels are not
 // built or there is no GPU).
 #include "ops/attention.h"
+#include "ops/kernel_call.h"
 #include "ops/linear.h"
 #include "ops/nf4.h"
 #include "ops/rms_norm.h"
@@ -14,8 +15,14 @@
 
 #include <gtest/gtest.h>
 
+#ifdef ORCHARD_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -334,6 +341,53 @@ TEST(DecodeOps, MatvecKernelIsTheMatrixProduct) {
         EXPECT_LT(relative_error(got, want), tol)
             << dtype << " " << out << "x" << in << " N " << N;
       }
+}
+
+// The decoding kernels start before the kernel ahead of them has ended
+// (programmatic dependent launch, compute capability 9.0+). Each must
+// still read its inputs only after that kernel's writes: a chain where
+// each op consumes the one before gives the same bits as the same chain
+// with the device synchronised between the ops (no overlap at all).
+TEST(DecodeOps, KernelsStartedEarlyReadTheResultsOfTheKernelsBefore) {
+  torch::NoGradGuard no_grad;
+  REQUIRE_KERNELS(cuda);
+#ifdef ORCHARD_CUDA_KERNELS
+  const char* pdl = std::getenv("ORCHARD_PDL");
+  const bool wanted = !(pdl && std::strcmp(pdl, "0") == 0);
+  if (wanted && at::cuda::getCurrentDeviceProperties()->major >= 9)
+    EXPECT_TRUE(ops::kernel::launches_early())
+        << "a compute capability 9.0 device, but the kernels launch plainly";
+#endif
+  torch::manual_seed(18);
+  const auto opt = torch::TensorOptions().device(cuda).dtype(torch::kBFloat16);
+  const int64_t C = 2048, F = 5632;
+  auto w_norm = torch::randn({C}, opt) * 0.1 + 1;
+  auto w_up = torch::randn({2 * F, C}, opt) * 0.03;
+  auto w_down = torch::randn({C, F}, opt) * 0.02;
+  auto x0 = torch::randn({1, C}, opt);
+  auto chain = [&](bool synchronise) {
+    auto sync = [&] {
+      if (synchronise)
+        torch::cuda::synchronize();
+    };
+    auto h = x0.clone(), pending = torch::zeros_like(x0);
+    for (int layer = 0; layer < 24; ++layer) {
+      auto [sum, normed] = ops::add_rms_norm(h, pending, w_norm, 1e-6);
+      sync();
+      auto gu = ops::linear(normed.view({1, C}), w_up);
+      sync();
+      auto parts = gu.split(F, 1);
+      auto act = ops::silu_mul(parts[0], parts[1]);
+      h = sum;
+      sync();
+      pending = ops::linear(act, w_down);
+      sync();
+    }
+    return (h + pending).cpu();
+  };
+  const auto plain = chain(true);
+  for (int run = 0; run < 3; ++run)
+    EXPECT_TRUE(torch::equal(chain(false), plain)) << "run " << run;
 }
 
 } // namespace

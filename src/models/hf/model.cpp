@@ -485,7 +485,6 @@ torch::Tensor LlamaImpl::decode_batch(
   };
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     auto* layer = model->layers[i]->as<LlamaLayerImpl>();
-    auto& a = *layer->self_attn;
     LayerProjections run(*layer, x.scalar_type(), is_training());
     if (pending.defined())
       add_then_norm(pending, layer->input_layernorm);

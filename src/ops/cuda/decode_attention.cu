@@ -32,6 +32,8 @@ __global__ void decode_chunk_kernel(
     int64_t key_len,
     int64_t window,
     float scale) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
   constexpr int D = VEC * kWarp;
   const int64_t chunks = gridDim.x, chunk = blockIdx.x;
   const int64_t hk = blockIdx.y, b = blockIdx.z;
@@ -142,6 +144,8 @@ __global__ void decode_combine_kernel(
     int64_t H,
     int64_t D,
     int64_t chunks) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
   const int64_t head = blockIdx.x, b = blockIdx.y;
   const float* in = work + (b * H + head) * chunks * (D + 2);
   float M = -INFINITY;
@@ -181,7 +185,11 @@ struct Args {
 template <typename T, int VEC>
 int launch(const Args<T>& a) {
   const dim3 grid(unsigned(a.chunks), unsigned(a.Hkv), unsigned(a.B));
-  decode_chunk_kernel<T, VEC><<<grid, kWarps * kWarp, 0, a.stream>>>(
+  const int chunked = launch_dependent(
+      decode_chunk_kernel<T, VEC>,
+      grid,
+      dim3(kWarps * kWarp),
+      a.stream,
       a.q,
       a.cache_k,
       a.cache_v,
@@ -194,12 +202,19 @@ int launch(const Args<T>& a) {
       a.key_len,
       a.window,
       a.scale);
-  if (a.chunks > 1) {
-    const dim3 heads(unsigned(a.H), unsigned(a.B));
-    decode_combine_kernel<T><<<heads, unsigned(a.D), 0, a.stream>>>(
-        a.workspace, a.y, a.H, a.D, a.chunks);
-  }
-  return int(cudaGetLastError());
+  if (chunked != 0 || a.chunks == 1)
+    return chunked;
+  const dim3 heads(unsigned(a.H), unsigned(a.B));
+  return launch_dependent(
+      decode_combine_kernel<T>,
+      heads,
+      dim3(unsigned(a.D)),
+      a.stream,
+      a.workspace,
+      a.y,
+      a.H,
+      a.D,
+      a.chunks);
 }
 
 } // namespace

@@ -10,6 +10,12 @@ namespace orchard::ops::cuda {
 
 enum class Dtype { float32, float16, bfloat16 };
 
+// Whether the kernels below are launched as programmatic dependent
+// launches on the current device (numeric.cuh's launch_dependent: compute
+// capability 9.0+, kernels compiled for it, ORCHARD_PDL not 0): each may be
+// scheduled while the kernel before it still runs.
+bool dependent_launch_active();
+
 // RMSNorm over the last dimension, as Hugging Face's LlamaRMSNorm:
 // n = T(x * rsqrt(mean(x^2) + eps)) computed in float32, then y = T(w * n),
 // for `rows` rows of `C` contiguous values of type T (x, w and y alike).

@@ -39,10 +39,22 @@ __global__ void nf4_matvec_kernel(
 #pragma unroll
   for (int n = 0; n < kNf4MaxRows; ++n)
     acc[n] = 0.f;
-  const int64_t row = o * in;
-  for (int64_t i0 = int64_t(lane) * kPerLane; i0 < in; i0 += kWarp * kPerLane) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(codes + (row + i0) / 2);
-    const float scale = to_float(absmax[(row + i0) / 64]);
+  const int64_t row = o * in, step = int64_t(kWarp) * kPerLane;
+  // A lane's next 16 bytes of codes and their absmax, loaded one step
+  // ahead; the first before the previous kernel has finished
+  // (launch_dependent): they are the weights, not its results.
+  uint4 packed = make_uint4(0, 0, 0, 0);
+  float scale = 0.f;
+  auto load = [&](int64_t i0) {
+    if (i0 < in) {
+      packed = __ldg(reinterpret_cast<const uint4*>(codes + (row + i0) / 2));
+      scale = to_float(absmax[(row + i0) / 64]);
+    }
+  };
+  load(int64_t(lane) * kPerLane);
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  for (int64_t i0 = int64_t(lane) * kPerLane; i0 < in; i0 += step) {
     const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
     float w[kPerLane];
 #pragma unroll
@@ -52,6 +64,7 @@ __global__ void nf4_matvec_kernel(
       w[2 * byte] = round_to<T>(level[c >> 4] * scale);
       w[2 * byte + 1] = round_to<T>(level[c & 15u] * scale);
     }
+    load(i0 + step);
 #pragma unroll
     for (int n = 0; n < kNf4MaxRows; ++n) {
       if (n >= N)
@@ -90,7 +103,11 @@ int nf4_matvec(
   const unsigned blocks = unsigned((out + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
-    nf4_matvec_kernel<T><<<blocks, kWarpsPerBlock * kWarp, 0, cudaStream_t(stream)>>>(
+    return launch_dependent(
+        nf4_matvec_kernel<T>,
+        dim3(blocks),
+        dim3(kWarpsPerBlock * kWarp),
+        cudaStream_t(stream),
         static_cast<const T*>(x),
         codes,
         static_cast<const T*>(absmax),
@@ -98,7 +115,6 @@ int nf4_matvec(
         int(N),
         out,
         in);
-    return int(cudaGetLastError());
   });
 }
 

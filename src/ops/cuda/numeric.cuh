@@ -1,6 +1,7 @@
 // What the kernels share: conversions between the storage types and
 // float32 (rounding to nearest even, as PyTorch's casts do), the Dtype to
-// type dispatch, and a warp's sum.
+// type dispatch, a warp's sum, and the launch that lets a kernel start
+// before the one ahead of it has finished.
 #pragma once
 
 #include "ops/cuda/kernels.h"
@@ -103,6 +104,58 @@ int dispatch(Dtype dtype, F&& f) {
       return f(__nv_bfloat16{});
   }
   return int(cudaErrorInvalidValue);
+}
+
+// Programmatic dependent launch (compute capability 9.0 and later). A
+// decoding step is a chain of kernels of a few microseconds each; launched
+// one after the other, each waits for the one before to end and then for
+// its own blocks to be scheduled. Launched by launch_dependent(), a kernel
+// may be scheduled while the previous one still runs: it does what needs
+// nothing from earlier kernels (a product's first loads of its weights,
+// which no decoding kernel writes), then wait_for_previous_kernels(), and
+// only then reads its inputs or writes anything. Every kernel launched
+// that way must call it before its first such access.
+__device__ inline void wait_for_previous_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel on the stream be scheduled now (it still waits for
+// this one's end before it touches its results): called by each block
+// once it has passed wait_for_previous_kernels().
+__device__ inline void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether `kernel` can be launched early on the current device: the device
+// has compute capability 9.0+, the code that runs was compiled for it (not
+// a JIT of older PTX without the wait), and ORCHARD_PDL is not 0.
+bool dependent_launch_usable(const void* kernel);
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent
+// launch where dependent_launch_usable(kernel). Returns the cudaError_t.
+template <typename... Params, typename... Args>
+int launch_dependent(
+    void (*kernel)(Params...),
+    dim3 grid,
+    dim3 block,
+    cudaStream_t stream,
+    Args... args) {
+  cudaLaunchAttribute early[1];
+  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = early;
+  config.numAttrs =
+      dependent_launch_usable(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  return int(cudaLaunchKernelEx(&config, kernel, Params(args)...));
 }
 
 } // namespace orchard::ops::cuda

@@ -38,6 +38,8 @@ __global__ void rms_norm_kernel(
     T* __restrict__ y,
     int64_t C,
     float eps) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
   const int64_t row = int64_t(blockIdx.x) * C;
   float ss = 0.f;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
@@ -78,7 +80,11 @@ int launch(
   threads = (threads + kWarp - 1) / kWarp * kWarp;
   return dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
-    rms_norm_kernel<T><<<unsigned(rows), threads, 0, cudaStream_t(stream)>>>(
+    return launch_dependent(
+        rms_norm_kernel<T>,
+        dim3(unsigned(rows)),
+        dim3(threads),
+        cudaStream_t(stream),
         static_cast<const T*>(x),
         static_cast<const T*>(r),
         static_cast<const T*>(w),
@@ -86,7 +92,6 @@ int launch(
         static_cast<T*>(y),
         C,
         eps);
-    return int(cudaGetLastError());
   });
 }
 

@@ -28,6 +28,8 @@ __global__ void rotary_cache_kernel(
     int64_t heads_kv,
     int64_t D,
     int64_t capacity) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
   const int64_t b = blockIdx.y;
   const int64_t head = blockIdx.x;
   const int64_t p = pos[b];
@@ -94,7 +96,11 @@ int rotary_cache_write(
   const int threads = int(D < 256 ? (D + kWarp - 1) / kWarp * kWarp : 256);
   return dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
-    rotary_cache_kernel<T><<<grid, threads, 0, cudaStream_t(stream)>>>(
+    return launch_dependent(
+        rotary_cache_kernel<T>,
+        grid,
+        dim3(threads),
+        cudaStream_t(stream),
         static_cast<const T*>(q),
         static_cast<const T*>(k),
         static_cast<const T*>(v),
@@ -111,7 +117,6 @@ int rotary_cache_write(
         heads_kv,
         D,
         capacity);
-    return int(cudaGetLastError());
   });
 }
 

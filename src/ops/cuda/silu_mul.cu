@@ -14,6 +14,8 @@ __global__ void silu_mul_kernel(
     int64_t u_stride,
     T* __restrict__ y,
     int64_t n) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
   const int64_t b = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n)
@@ -41,14 +43,17 @@ int silu_mul(
   const dim3 grid(unsigned((n + threads - 1) / threads), unsigned(B));
   return dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
-    silu_mul_kernel<T><<<grid, threads, 0, cudaStream_t(stream)>>>(
+    return launch_dependent(
+        silu_mul_kernel<T>,
+        grid,
+        dim3(threads),
+        cudaStream_t(stream),
         static_cast<const T*>(g),
         static_cast<const T*>(u),
         g_stride,
         u_stride,
         static_cast<T*>(y),
         n);
-    return int(cudaGetLastError());
   });
 }
 
