@@ -48,7 +48,7 @@ python_torch_prefix() {
 DEBIAN_PACKAGES=(
   g++ cmake ninja-build pkg-config git
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
-  libgtest-dev libbenchmark-dev wordnet-base libedit-dev
+  libgtest-dev libbenchmark-dev wordnet-base libedit-dev wamerican
 )
 # For the tests only: the web chat page's end-to-end test drives a headless
 # Chromium.

@@ -1,10 +1,14 @@
-// `orchard data text|wordnet`: prepare training data. Thin: parse, call
+// `orchard data text|chat|wordnet|wordle`: prepare training data. Thin: parse, call
 // src/data, print the summary.
 #include "cli/common.h"
 #include "core/error.h"
 #include "data/chat_prep.h"
 #include "data/text_prep.h"
 #include "data/wordnet.h"
+#include "core/files.h"
+#include "stages/grpo/environment.h"
+
+#include <nlohmann/json.hpp>
 #include "text/chat_template.h"
 #include "text/tokenizer_io.h"
 
@@ -100,7 +104,62 @@ Command register_data(CLI::App& root) {
           "--val-fraction", wn_opt->val_fraction, "share of headwords held out")
       ->capture_default_str();
 
+  struct WordleOptions {
+    int64_t count = 100;
+    uint64_t seed = 42;
+    std::string out, words;
+    bool held_out = false;
+  };
+  auto wd_opt = std::make_shared<WordleOptions>();
+  CLI::App* wordle = app->add_subcommand(
+      "wordle",
+      "Write the Wordle turns GRPO's env=wordle trains on (JSONL: prompt, "
+      "secret, guesses, feedback)");
+  wordle->add_option("--count", wd_opt->count, "turns to write")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(10'000'000)));
+  wordle->add_option("--seed", wd_opt->seed, "seed of the games")
+      ->capture_default_str();
+  wordle->add_option("--out", wd_opt->out, "the JSONL file to write")
+      ->required();
+  wordle->add_option(
+      "--words",
+      wd_opt->words,
+      "word list, one word a line (default: the system's)");
+  wordle->add_flag(
+      "--held-out",
+      wd_opt->held_out,
+      "turns with the held-out secrets (a tenth of the words) instead");
+
   return {app, [=] {
+            if (wordle->parsed()) {
+              const auto words = grpo::read_words(
+                  wd_opt->words.empty() ? grpo::default_word_list()
+                                        : wd_opt->words,
+                  5);
+              const auto turns = grpo::wordle::make_turns(
+                  words, wd_opt->count, wd_opt->seed, wd_opt->held_out);
+              if (turns.empty())
+                throw UserError(
+                    "the word list has too few words to make Wordle games; "
+                    "give --words FILE with more five-letter words.");
+              std::string text;
+              for (const auto& e : turns) {
+                nlohmann::json j = e.columns;
+                j["prompt"] = e.messages;
+                text += j.dump() + "\n";
+              }
+              atomic_write(wd_opt->out, text);
+              std::printf(
+                  "%zu Wordle turns from %zu five-letter words (seed %llu%s): "
+                  "wrote %s\n",
+                  turns.size(),
+                  words.size(),
+                  (unsigned long long)wd_opt->seed,
+                  wd_opt->held_out ? ", held-out secrets" : "",
+                  wd_opt->out.c_str());
+              return 0;
+            }
             if (text->parsed()) {
               auto tok = text::load_tokenizer(text_opt->tokenizer_path);
               auto st = data::prepare_text(tok, *text_opt);

@@ -91,5 +91,6 @@ Command register_pipeline(CLI::App& root);
 Command register_chat(CLI::App& root);
 Command register_serve(CLI::App& root);
 Command register_lora(CLI::App& root);
+Command register_eval(CLI::App& root);
 
 } // namespace orchard::cli

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
       cli::register_chat(app),
       cli::register_serve(app),
       cli::register_lora(app),
+      cli::register_eval(app),
   };
   try {
     configure_cpu_threads();

@@ -67,6 +67,8 @@ std::string progress_text(const ProgressStats& s) {
     if (s.total > 0 && s.step <= s.total)
       line += " | ETA " + format_duration(*s.s_per_it * (s.total - s.step));
   }
+  if (!s.note.empty())
+    line += " | " + s.note;
   if (s.memory_bytes)
     line += " | mem " + format_bytes(*s.memory_bytes);
   return line;

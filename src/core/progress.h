@@ -26,6 +26,7 @@ struct ProgressStats {
   std::optional<double> tokens_per_s;
   std::optional<double> s_per_it;
   std::optional<uint64_t> memory_bytes;
+  std::string note; // a stage's own figures ("reward 0.42 (group std 0.31)")
 };
 
 // "2m32s", "1h04m", "45s"

@@ -148,6 +148,42 @@ class AutocastGuard {
   torch::ScalarType was_dtype_ = torch::kFloat32;
 };
 
+// Autocast off for one device type while the guard lives (generation inside
+// a training step runs in the weights' own dtype), restored after.
+class AutocastOff {
+ public:
+  explicit AutocastOff(torch::DeviceType type) : type_(type) {
+#if ORCHARD_AUTOCAST_BY_DEVICE_TYPE
+    was_enabled_ = at::autocast::is_autocast_enabled(type);
+    at::autocast::set_autocast_enabled(type, false);
+#else
+    if (type == torch::kCUDA) {
+      was_enabled_ = at::autocast::is_enabled();
+      at::autocast::set_enabled(false);
+    } else if (type == torch::kCPU) {
+      was_enabled_ = at::autocast::is_cpu_enabled();
+      at::autocast::set_cpu_enabled(false);
+    }
+#endif
+  }
+  ~AutocastOff() {
+#if ORCHARD_AUTOCAST_BY_DEVICE_TYPE
+    at::autocast::set_autocast_enabled(type_, was_enabled_);
+#else
+    if (type_ == torch::kCUDA)
+      at::autocast::set_enabled(was_enabled_);
+    else if (type_ == torch::kCPU)
+      at::autocast::set_cpu_enabled(was_enabled_);
+#endif
+  }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  torch::DeviceType type_;
+  bool was_enabled_ = false;
+};
+
 // The dtype autocast computes in for `type` right now: float32 when autocast
 // is off (what AutocastGuard takes to mean "no autocast").
 inline torch::ScalarType autocast_dtype(torch::DeviceType type) {

@@ -46,6 +46,13 @@ class LanguageModel : public torch::nn::Module {
       const torch::Tensor& pos,
       BatchKvCache& cache,
       int64_t key_len = 0) = 0;
+  // The logits (B, T - from, V) of positions from .. T-1 of `idx` (B, T),
+  // float32 at least: forward()'s, without the head's product for the
+  // positions before `from` where a model can skip it.
+  virtual torch::Tensor logits_from(const torch::Tensor& idx, int64_t from) {
+    auto logits = forward(idx);
+    return logits.narrow(1, from, logits.size(1) - from);
+  }
   // Mean cross-entropy over targets != -1 (ignored positions).
   virtual torch::Tensor loss(
       const torch::Tensor& idx,

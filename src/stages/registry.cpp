@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "stages/finetune_stages.h"
 #include "stages/gpt_stages.h"
+#include "stages/grpo/grpo_stage.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -52,7 +53,12 @@ std::unique_ptr<Settings> Stage::configure(
 
 const std::vector<const Stage*>& all_stages() {
   static const std::vector<const Stage*> stages = {
-      &base_stage(), &mid_stage(), &sft_stage(), &lora_stage(), &full_stage()};
+      &base_stage(),
+      &mid_stage(),
+      &sft_stage(),
+      &lora_stage(),
+      &full_stage(),
+      &grpo_stage()};
   return stages;
 }
 

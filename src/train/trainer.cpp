@@ -471,13 +471,17 @@ TrainerResult Trainer::run() {
     const MemoryReading mem = read_memory(opt_.device);
     peak_memory_ = std::max(peak_memory_, mem.peak);
     seconds_ += dt;
+    std::map<std::string, double> extra;
+    if (task_.step_metrics)
+      extra = task_.step_metrics();
     progress.update(
         {.step = done,
          .total = opt_.total_steps,
          .loss = loss,
          .lr = lr,
          .tokens_per_s = tok_s,
-         .memory_bytes = mem.peak});
+         .memory_bytes = mem.peak,
+         .note = task_.progress_note ? task_.progress_note() : ""});
     std::map<std::string, double> row = {
         {"step", double(done)},
         {"loss", loss},
@@ -488,6 +492,8 @@ TrainerResult Trainer::run() {
         {"elapsed_s", seconds_}};
     if (scaler_.enabled())
       row["loss_scale"] = scaler_.scale();
+    for (const auto& [k, v] : extra)
+      row.emplace(k, v);
     metrics.write(row);
     const bool last = done == opt_.total_steps;
     if (opt_.eval_every > 0 && done % opt_.eval_every == 0 && !last) {

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,10 @@ struct TrainingTask {
   // of a run that recovered); the data position carries over. Optional:
   // without it an out-of-memory error ends the run after saving.
   std::function<void(int64_t micro_batch)> set_micro_batch;
+  // Optional: a stage's own figures after each step, added to its line in
+  // metrics.jsonl (GRPO's rewards), and a short note for the progress line.
+  std::function<std::map<std::string, double>()> step_metrics;
+  std::function<std::string()> progress_note;
   // Written into every state.json (model shape, tokenizer, ...).
   nlohmann::json describe = nlohmann::json::object();
 };

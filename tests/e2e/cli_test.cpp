@@ -107,7 +107,7 @@ TEST(Cli, ConfigErrorsExitTwoWithTheReason) {
   r = run_orchard({"config", "--preset", "nope"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(
-      contains(r.err, "the presets are: lora-llama-3.2-3b, overnight, quick"))
+      contains(r.err, "the presets are: grpo-wordle-qwen-3b, lora-llama-3.2-3b, overnight, quick"))
       << r.err;
 }
 

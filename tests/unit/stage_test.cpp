@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 namespace orchard::stages {
 namespace {
 
@@ -26,8 +28,9 @@ TEST(Stage, TheRegistryHoldsEveryStageOnce) {
   for (const Stage* s : all_stages())
     names.push_back(s->name());
   EXPECT_EQ(
-      names, (std::vector<std::string>{"base", "mid", "sft", "lora", "full"}));
-  EXPECT_EQ(stage_list(), "base|mid|sft|lora|full");
+      names,
+      (std::vector<std::string>{"base", "mid", "sft", "lora", "full", "grpo"}));
+  EXPECT_EQ(stage_list(), "base|mid|sft|lora|full|grpo");
   for (const Stage* s : all_stages()) {
     EXPECT_EQ(&stage_named(s->name()), s);
     EXPECT_FALSE(s->summary().empty()) << s->name();
@@ -117,13 +120,29 @@ TEST(Stage, TheSharedKnobsAreDeclaredOnceWithEachStagesDefaults) {
       train::training_part<train::TrainingConfig>);
   ASSERT_GE(nanochat.options().size(), 20u);
   ASSERT_EQ(nanochat.options().size(), transformers.options().size());
+  // GRPO (TRL's names) has no row length, epochs or token budget of
+  // evaluation, and its num_iterations is TRL's updates per generation, so
+  // max_steps does not take it as an alias.
+  const std::set<std::string> not_grpo = {
+      "max_seq_length", "num_train_epochs", "eval_tokens"};
   for (const Stage* s : all_stages()) {
+    const bool grpo = s->name() == "grpo";
     // The spelling the section writes: its key for the row length.
     const config::Option* row = s->schema().find("max_seq_len");
-    ASSERT_NE(row, nullptr) << s->name();
+    ASSERT_TRUE(grpo || row != nullptr) << s->name();
     const config::Schema& shared =
-        row->key == "max_seq_len" ? nanochat : transformers;
+        grpo || row->key != "max_seq_len" ? transformers : nanochat;
     for (const auto& o : shared.options()) {
+      if (grpo && not_grpo.count(o.key)) {
+        EXPECT_EQ(s->schema().find(o.key), nullptr) << o.key;
+        continue;
+      }
+      if (grpo && o.key == "max_steps") {
+        EXPECT_EQ(s->schema().find("max_steps")->aliases,
+                  std::vector<std::string>{"iters"});
+        EXPECT_EQ(s->schema().find("num_iterations")->key, "num_iterations");
+        continue;
+      }
       // The same key, aliases, bounds, choices and variable.
       const config::Option* mine = s->schema().find(o.key);
       ASSERT_NE(mine, nullptr) << s->name() << " lacks " << o.key;
@@ -165,12 +184,13 @@ TEST(Stage, TheSharedKnobsAreDeclaredOnceWithEachStagesDefaults) {
 
 TEST(Stage, AnUnknownStageNamesTheStages) {
   try {
-    configure(with({"stage=grpo"}));
+    configure(with({"stage=trm"}));
     FAIL() << "expected a refusal";
   } catch (const UserError& e) {
     EXPECT_EQ(
         std::string(e.what()),
-        "stage=grpo is not a stage; the stages are base|mid|sft|lora|full.");
+        "stage=trm is not a stage; the stages are "
+        "base|mid|sft|lora|full|grpo.");
   }
   // A key of another stage's section: the section's own message.
   EXPECT_THROW(configure(with({"stage=base", "lora.r=4"})), UserError);

@@ -418,6 +418,14 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, KvCache* cache) {
                                                  : logits.to(torch::kFloat32);
 }
 
+torch::Tensor LlamaImpl::logits_from(const torch::Tensor& idx, int64_t from) {
+  auto h = hidden(idx);
+  h = h.narrow(1, from, h.size(1) - from);
+  auto logits = lm_head.is_empty() ? F::linear(h, lm_weight()) : lm_head(h);
+  return logits.scalar_type() == torch::kFloat64 ? logits
+                                                 : logits.to(torch::kFloat32);
+}
+
 torch::Tensor LlamaImpl::loss(
     const torch::Tensor& idx,
     const torch::Tensor& targets) {

@@ -103,6 +103,7 @@ struct LlamaImpl : AdaptableModel {
   // in the backward, so the (B*T, V) float32 logits never exist at once.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
       override;
+  torch::Tensor logits_from(const torch::Tensor& idx, int64_t from) override;
   int64_t max_seq_len() const override {
     return context_;
   }

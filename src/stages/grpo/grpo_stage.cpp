@@ -1,0 +1,739 @@
+// `orchard train stage=grpo`: the stage around grpo::Learner. It loads the
+// policy (a Hugging Face folder with LoRA or fully trained, or an Orchard
+// GPT run), the environment and reward_cmd, plans the micro-batch, and
+// hands the Learner's micro-steps to the shared Trainer.
+#include "stages/grpo/grpo_stage.h"
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/version.h"
+#include "models/lora.h"
+#include "runs/load.h"
+#include "stages/grpo/config.h"
+#include "stages/grpo/learner.h"
+#include "stages/samples.h"
+#include "train/memory_plan.h"
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+namespace orchard::stages {
+namespace {
+
+namespace fs = std::filesystem;
+using grpo::GrpoConfig;
+
+std::string finetune_kind(const GrpoConfig& cfg) {
+  if (cfg.finetune != "auto")
+    return cfg.finetune;
+  return cfg.checkpoint.empty() ? "lora" : "full";
+}
+
+void check_source(const GrpoConfig& cfg) {
+  if (cfg.model.empty() == cfg.checkpoint.empty())
+    throw UserError(
+        cfg.model.empty()
+            ? "stage=grpo needs a policy: model=DIR (a Hugging Face folder) "
+              "or checkpoint=RUN (an Orchard run, such as runs/sft/d4)."
+            : "stage=grpo takes model=DIR or checkpoint=RUN, not both.");
+  if (!cfg.checkpoint.empty() && finetune_kind(cfg) == "lora")
+    throw UserError(
+        "finetune=lora works on Hugging Face models (model=DIR); an Orchard "
+        "GPT (checkpoint=) trains every weight: use finetune=full or leave "
+        "finetune at auto.");
+  if (cfg.load_in_4bit && finetune_kind(cfg) != "lora")
+    throw UserError(
+        "load_in_4bit=true holds a frozen base in 4 bits for LoRA; "
+        "finetune=full trains every weight. Use finetune=lora or drop "
+        "load_in_4bit.");
+  if (!cfg.adapter.empty() && finetune_kind(cfg) != "lora")
+    throw UserError("adapter= continues a LoRA adapter; it needs finetune=lora.");
+}
+
+// GRPO's memory on top of fine-tuning's: the rollouts' KV cache and the
+// log-probability pass's logits (and a frozen reference for finetune=full
+// with beta > 0).
+struct GrpoMemory {
+  train::FinetuneMemory finetune;
+  double kv_cache = 0, logps = 0, reference = 0;
+  double total() const {
+    return finetune.total() + kv_cache + logps + reference;
+  }
+};
+
+GrpoMemory grpo_memory(
+    const models::HfModelConfig& mc,
+    const GrpoConfig& cfg,
+    torch::ScalarType dtype,
+    int64_t micro) {
+  train::FinetuneConfig ft = cfg;
+  ft.stage = finetune_kind(cfg);
+  ft.max_seq_len = cfg.max_prompt_length + cfg.max_completion_length;
+  GrpoMemory m;
+  m.finetune = train::finetune_memory(mc, ft, dtype, micro);
+  const double kv_bytes = finetune_kind(cfg) == "full"
+      ? 4.0
+      : double(torch::elementSize(dtype));
+  const int64_t head_dim =
+      mc.head_dim > 0 ? mc.head_dim : mc.hidden_size / mc.num_attention_heads;
+  m.kv_cache = 2.0 * double(mc.num_hidden_layers * mc.num_key_value_heads *
+                            head_dim) *
+      kv_bytes * double(grpo::grpo_generation_batch(cfg)) *
+      double(ft.max_seq_len);
+  // The completion positions' logits: the head's output, the picked copy
+  // and its gradient, float32.
+  m.logps = 3.0 * 4.0 * double(micro) * double(cfg.max_completion_length) *
+      double(mc.vocab_size);
+  if (finetune_kind(cfg) == "full" && cfg.beta != 0.0)
+    m.reference = m.finetune.weights;
+  return m;
+}
+
+struct GrpoPlanRows {
+  struct Row {
+    int64_t batch = 0;
+    GrpoMemory memory;
+    bool fits = false;
+  };
+  std::vector<Row> rows;
+  Row choice;
+  train::MemoryBudget budget;
+};
+
+torch::ScalarType grpo_dtype(const GrpoConfig& cfg, const DeviceInfo& device) {
+  train::FinetuneConfig ft = cfg;
+  ft.stage = finetune_kind(cfg);
+  return train::finetune_dtype(ft, device);
+}
+
+GrpoPlanRows plan_rows(
+    const models::HfModelConfig& mc,
+    const GrpoConfig& cfg,
+    const DeviceInfo& device) {
+  const auto dtype = grpo_dtype(cfg, device);
+  GrpoPlanRows p;
+  p.budget = train::memory_budget(device, cfg.memory_fraction);
+  const int64_t g = std::gcd(
+      grpo::grpo_rows_per_step(cfg), grpo::grpo_generation_batch(cfg));
+  for (int64_t b = 1; b <= std::min<int64_t>(g, 16); ++b) {
+    if (g % b != 0)
+      continue;
+    GrpoPlanRows::Row r{b, grpo_memory(mc, cfg, dtype, b), false};
+    r.fits = r.memory.total() <= double(p.budget.bytes);
+    p.rows.push_back(r);
+  }
+  p.choice = p.rows.front();
+  for (const auto& r : p.rows)
+    if (cfg.device_batch_size ? r.batch == *cfg.device_batch_size : r.fits)
+      p.choice = r;
+  if (cfg.device_batch_size && p.choice.batch != *cfg.device_batch_size)
+    p.choice = {*cfg.device_batch_size,
+                grpo_memory(mc, cfg, dtype, *cfg.device_batch_size),
+                false};
+  return p;
+}
+
+std::string plan_table(const GrpoPlanRows& p) {
+  std::string s = "Budget: " + train::format_mb(double(p.budget.bytes)) +
+      " (" + p.budget.why + ")\n\n";
+  char line[256];
+  std::snprintf(
+      line,
+      sizeof line,
+      "%6s %12s %12s %10s %10s %10s %12s  %s\n",
+      "batch",
+      "weights",
+      "trained+opt",
+      "training",
+      "KV cache",
+      "log-probs",
+      "total",
+      "fits");
+  s += line;
+  for (const auto& r : p.rows) {
+    const auto& f = r.memory.finetune;
+    std::snprintf(
+        line,
+        sizeof line,
+        "%6lld %12s %12s %10s %10s %10s %12s  %s\n",
+        (long long)r.batch,
+        train::format_mb(f.weights + r.memory.reference).c_str(),
+        train::format_mb(f.trainable + f.gradients + f.optimizer).c_str(),
+        train::format_mb(f.activations + f.logits + f.workspace).c_str(),
+        train::format_mb(r.memory.kv_cache).c_str(),
+        train::format_mb(r.memory.logps).c_str(),
+        train::format_mb(r.memory.total()).c_str(),
+        r.fits ? "yes" : "no");
+    s += line;
+  }
+  return s;
+}
+
+// The policy a run trains, loaded.
+struct LoadedPolicy {
+  std::shared_ptr<models::AdaptableModel> model;
+  models::Llama llama{nullptr}; // a Hugging Face model
+  runs::TrainedGpt gpt;         // an Orchard GPT
+  runs::LoadedModel loaded;     // tokenizer and chat template
+  std::vector<std::pair<std::string, torch::Tensor>> trained;
+  int64_t parameters = 0, trainable = 0;
+  models::LoraSpec spec;
+  std::string describe;
+};
+
+LoadedPolicy load_policy(
+    const GrpoConfig& cfg,
+    const DeviceInfo& device,
+    torch::ScalarType dtype) {
+  LoadedPolicy p;
+  const auto dev = device.device;
+  const bool lora = finetune_kind(cfg) == "lora";
+  const int64_t context = cfg.max_prompt_length + cfg.max_completion_length;
+  if (!cfg.model.empty()) {
+    models::LoadOptions lo;
+    lo.device = dev;
+    lo.dtype = lora ? dtype : torch::kFloat32;
+    lo.context = std::min(
+        context, models::read_hf_config(cfg.model).max_position_embeddings);
+    lo.load_in_4bit = lora && cfg.load_in_4bit;
+    p.llama = models::load_hf_model(cfg.model, lo);
+    p.llama->gradient_checkpointing = cfg.gradient_checkpointing;
+    p.model = p.llama.ptr();
+    p.loaded = runs::loaded_from(
+        p.llama.ptr(),
+        cfg.model,
+        cfg.chat_template == "auto" ? "" : cfg.chat_template);
+    p.describe = p.llama->config.architecture + " from " + cfg.model;
+  } else {
+    p.gpt = runs::load_gpt(cfg.checkpoint, false);
+    if (p.gpt.config.max_seq_len < context)
+      throw UserError(
+          "the model of " + cfg.checkpoint + " reads " +
+          std::to_string(p.gpt.config.max_seq_len) +
+          " positions, fewer than max_prompt_length + max_completion_length "
+          "= " + std::to_string(context) + "; lower them.");
+    p.gpt.model->to(dev);
+    p.model = p.gpt.model.ptr();
+    p.loaded = runs::loaded_from(
+        p.gpt.model.ptr(),
+        p.gpt.tokenizer_dir,
+        cfg.chat_template == "auto" ? "" : cfg.chat_template);
+    p.describe = "Orchard GPT from " + p.gpt.checkpoint_dir;
+  }
+  if (lora) {
+    if (!cfg.adapter.empty()) {
+      const std::string dir = runs::adapter_folder(cfg.adapter);
+      p.spec = models::read_adapter_config(dir);
+      models::load_adapter(*p.model, dir, torch::kFloat32);
+    } else {
+      train::FinetuneConfig ft = cfg;
+      p.spec = train::lora_spec(ft);
+      p.model->add_lora(p.spec, torch::kFloat32);
+    }
+  }
+  p.model->train();
+  for (const auto& n : p.model->named_parameters()) {
+    p.parameters += n.value().numel();
+    if (n.value().requires_grad()) {
+      p.trained.push_back({n.key(), n.value()});
+      p.trainable += n.value().numel();
+    }
+  }
+  return p;
+}
+
+// Every adapter's scaling set to 0 while `fn` runs: the base model alone.
+void with_adapters_off(
+    models::AdaptableModel& model,
+    const std::function<void()>& fn) {
+  std::vector<std::pair<models::ProjImpl*, double>> saved;
+  for (auto& [name, proj] : model.projections())
+    if (proj->has_lora()) {
+      saved.push_back({proj.get(), proj->scaling});
+      proj->scaling = 0.0;
+    }
+  try {
+    fn();
+  } catch (...) {
+    for (auto& [p, s] : saved)
+      p->scaling = s;
+    throw;
+  }
+  for (auto& [p, s] : saved)
+    p->scaling = s;
+}
+
+class GrpoStage : public Stage {
+ public:
+  using Stage::Stage;
+
+  const config::Schema& schema() const override {
+    return grpo::grpo_schema();
+  }
+  std::unique_ptr<Settings> defaults() const override {
+    auto s = std::make_unique<SettingsOf<GrpoConfig>>();
+    s->cfg.stage = name();
+    s->stage = this;
+    return s;
+  }
+
+  Report train(
+      const Settings& settings,
+      const DeviceInfo& device,
+      int final_samples) const override {
+    const GrpoConfig& cfg = section<GrpoConfig>(settings);
+    Report report;
+    std::vector<train::Sample> samples;
+    report.result = run(cfg, settings.origins, device, final_samples, samples);
+    return finish_stage(std::move(report), device, [&](Report& rep) {
+      rep.samples = samples;
+      rep.sample_note =
+          "completions of held-out prompts after training, with their reward";
+    });
+  }
+
+  Plan plan(const Settings& settings, const DeviceInfo& device) const override {
+    const GrpoConfig& cfg = section<GrpoConfig>(settings);
+    check_source(cfg);
+    if (cfg.model.empty())
+      throw UserError(
+          "orchard plan stage=grpo plans Hugging Face models (model=DIR); an "
+          "Orchard GPT's micro-batch is planned when it trains.");
+    const models::HfModelConfig mc = models::read_hf_config(cfg.model);
+    const GrpoPlanRows p = plan_rows(mc, cfg, device);
+    const int64_t gb = grpo::grpo_generation_batch(cfg);
+    grpo::grpo_shape(cfg, p.choice.batch); // bad batches fail here
+    Plan out;
+    out.fits = p.choice.fits;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : p.rows)
+      rows.push_back(
+          {{"batch", r.batch},
+           {"total_bytes", r.memory.total()},
+           {"kv_cache_bytes", r.memory.kv_cache},
+           {"logps_bytes", r.memory.logps},
+           {"reference_bytes", r.memory.reference},
+           {"fits", r.fits}});
+    const auto dtype = grpo_dtype(cfg, device);
+    out.json = {
+        {"stage", "grpo"},
+        {"architecture", mc.architecture},
+        {"finetune", finetune_kind(cfg)},
+        {"base_dtype", dtype_name(dtype)},
+        {"load_in_4bit", cfg.load_in_4bit},
+        {"generation_batch", gb},
+        {"num_generations", cfg.num_generations},
+        {"tokens_per_row", cfg.max_prompt_length + cfg.max_completion_length},
+        {"budget_bytes", p.budget.bytes},
+        {"candidates", rows},
+        {"choice",
+         {{"batch", p.choice.batch},
+          {"total_bytes", p.choice.memory.total()},
+          {"fits", p.choice.fits}}}};
+    out.text = "Model: " + cfg.model + " (" + mc.architecture + "), GRPO " +
+        finetune_kind(cfg) + ", " +
+        (cfg.load_in_4bit ? "4-bit NF4 base computing in " + dtype_name(dtype)
+                          : dtype_name(dtype) + " base") +
+        "; " + std::to_string(gb) + " completions per generation (" +
+        std::to_string(gb / cfg.num_generations) + " prompts x " +
+        std::to_string(cfg.num_generations) + ") of up to " +
+        std::to_string(cfg.max_prompt_length) + " + " +
+        std::to_string(cfg.max_completion_length) + " tokens" +
+        (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") +
+        "\n" + plan_table(p) + "\nChoice: per_device_train_batch_size=" +
+        std::to_string(p.choice.batch) +
+        (cfg.device_batch_size ? " (as set)" : " (the largest that fits)") +
+        ", " + train::format_mb(p.choice.memory.total()) + "\n";
+    return out;
+  }
+
+  std::string next_steps(const Settings& settings, const Report& report)
+      const override {
+    const GrpoConfig& cfg = section<GrpoConfig>(settings);
+    const train::TrainResult& r = report.result;
+    if (r.interrupted)
+      return "Stopped; the same command resumes from the checkpoint.\n";
+    const std::string& orchard = program_name();
+    if (!cfg.checkpoint.empty())
+      return "\nChat with it: " + orchard + " chat --checkpoint " + r.run_dir +
+          "\n";
+    if (finetune_kind(cfg) == "lora")
+      return "\nChat with it: " + orchard + " chat --model " + cfg.model +
+          " --adapter " + r.output_dir + "\n";
+    return "\nChat with it: " + orchard + " chat --model " + r.output_dir +
+        "\n";
+  }
+
+ private:
+  static train::TrainResult run(
+      const GrpoConfig& cfg,
+      const config::Origins& origins,
+      const DeviceInfo& device,
+      int final_samples,
+      std::vector<train::Sample>& samples_out) {
+    using namespace train;
+    check_source(cfg);
+    const torch::Device dev = device.device;
+    const bool lora = finetune_kind(cfg) == "lora";
+    // Settings that fail without the model fail first.
+    grpo::grpo_shape(cfg, 1);
+    const auto scale = grpo::parse_scale_rewards(cfg.scale_rewards);
+    const auto loss_type = grpo::parse_loss_type(cfg.loss_type);
+    const auto level =
+        grpo::parse_importance_level(cfg.importance_sampling_level);
+    std::vector<double> weights;
+    for (const auto& w : cfg.reward_weights) {
+      char* end = nullptr;
+      const double v = std::strtod(w.c_str(), &end);
+      if (w.empty() || !end || *end != '\0' || !std::isfinite(v))
+        throw UserError(
+            "reward_weights: '" + w + "' is not a number; give one number "
+            "per reward function, such as reward_weights=[1.0,0.5].");
+      weights.push_back(v);
+    }
+
+    TrainResult result;
+    result.stage = "grpo";
+    const std::string source = cfg.model.empty() ? cfg.checkpoint : cfg.model;
+    fs::path sp = fs::path(source).lexically_normal();
+    if (sp.filename().empty())
+      sp = sp.parent_path();
+    const std::string name = !cfg.run.empty() ? cfg.run
+                                              : sp.filename().string() + "-" +
+            cfg.env;
+    result.run_dir =
+        !cfg.run_dir.empty() ? cfg.run_dir : "runs/grpo/" + name;
+    fs::create_directories(result.run_dir);
+    RunLog log(result.run_dir + "/train.log");
+    GrpoConfig written = cfg;
+    config::write_yaml(
+        result.run_dir + "/config.yaml", grpo::grpo_schema(), &written, origins);
+
+    // The environment and reward_cmd.
+    auto env = grpo::make_environment(
+        {.name = cfg.env,
+         .data = cfg.data.empty() ? "" : cfg.data.front(),
+         .words = cfg.words,
+         .data_dir = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir,
+         .seed = uint64_t(cfg.seed)});
+    if (cfg.data.size() > 1)
+      throw UserError(
+          "stage=grpo reads one data file; give data=FILE (merge the others "
+          "into it).");
+    std::unique_ptr<grpo::RewardProcess> reward_process;
+    if (!cfg.reward_cmd.empty())
+      reward_process = std::make_unique<grpo::RewardProcess>(
+          cfg.reward_cmd, cfg.reward_timeout);
+
+    // The policy.
+    const torch::ScalarType dtype = grpo_dtype(cfg, device);
+    torch::manual_seed(uint64_t(cfg.seed));
+    log("Loading the policy (" + std::string(lora ? "LoRA" : "full") +
+        (lora && cfg.load_in_4bit ? ", 4-bit NF4 base" : "") + ", " +
+        dtype_name(lora ? dtype : torch::kFloat32) + " weights on " +
+        device.name + ")...");
+    LoadedPolicy pol = load_policy(cfg, device, dtype);
+    result.parameters = pol.parameters;
+    result.trainable_parameters = pol.trainable;
+    result.tokenizer_dir = pol.loaded.tokenizer_dir;
+    result.init_dir = source;
+
+    // Prompts: the chat template, or raw text.
+    std::shared_ptr<const text::ChatTemplate> tmpl;
+    if (cfg.prompt_format != "raw") {
+      try {
+        tmpl = std::make_shared<const text::ChatTemplate>(
+            runs::chat_template(pol.loaded));
+      } catch (const UserError& e) {
+        if (cfg.prompt_format == "chat")
+          throw;
+      }
+    }
+    // Prompts keep what the model's positions leave after the completion.
+    const int64_t positions = pol.model->max_seq_len();
+    const int64_t prompt_limit = std::min(
+        cfg.max_prompt_length, positions - cfg.max_completion_length);
+    if (prompt_limit < 1)
+      throw UserError(
+          "max_completion_length=" + std::to_string(cfg.max_completion_length) +
+          " leaves no room for a prompt in the model's " +
+          std::to_string(positions) + " positions; lower it.");
+    if (prompt_limit < cfg.max_prompt_length)
+      log("Prompts: at most " + std::to_string(prompt_limit) +
+          " tokens (the model reads " + std::to_string(positions) +
+          " positions, max_completion_length takes " +
+          std::to_string(cfg.max_completion_length) + ").");
+    auto prompter = std::make_shared<grpo::Prompter>(
+        pol.loaded.tokenizer, tmpl, prompt_limit);
+
+    // The micro-batch: as set, or the plan's (HF) / the largest divisor up
+    // to 8 (a GPT, small by construction).
+    int64_t micro = 0;
+    std::string micro_why;
+    if (!cfg.model.empty()) {
+      const GrpoPlanRows p = plan_rows(pol.llama->config, cfg, device);
+      micro = p.choice.batch;
+      micro_why = cfg.device_batch_size
+          ? "as set"
+          : "auto: the largest dividing the step that the plan fits in " +
+              format_mb(double(p.budget.bytes));
+      log("Memory estimate: " + format_mb(p.choice.memory.total()) +
+          " (rollouts' KV cache " + format_mb(p.choice.memory.kv_cache) +
+          ", log-probabilities " + format_mb(p.choice.memory.logps) + ")");
+    } else {
+      const int64_t g = std::gcd(
+          grpo::grpo_rows_per_step(cfg), grpo::grpo_generation_batch(cfg));
+      micro = cfg.device_batch_size.value_or(1);
+      if (!cfg.device_batch_size)
+        for (int64_t b = 1; b <= std::min<int64_t>(g, 8); ++b)
+          if (g % b == 0)
+            micro = b;
+      micro_why = cfg.device_batch_size ? "as set" : "auto";
+    }
+    const grpo::GrpoShape shape = grpo::grpo_shape(cfg, micro);
+
+    grpo::LearnerOptions lo;
+    lo.num_generations = cfg.num_generations;
+    lo.generation_batch = shape.generation_batch;
+    lo.max_completion_length = cfg.max_completion_length;
+    lo.policy_iterations = cfg.policy_iterations;
+    lo.keep_old_logps =
+        cfg.policy_iterations > 1 || shape.generation_batch > shape.rows_per_step;
+    lo.temperature = cfg.temperature;
+    lo.top_p = cfg.top_p;
+    lo.top_k = cfg.top_k;
+    lo.sampling_device = cfg.sampling_device;
+    lo.scale = scale;
+    lo.loss.type = loss_type;
+    lo.loss.level = level;
+    lo.loss.epsilon_low = cfg.epsilon;
+    lo.loss.epsilon_high = cfg.epsilon_high.value_or(cfg.epsilon);
+    lo.loss.delta = cfg.delta;
+    lo.loss.beta = cfg.beta;
+    lo.loss.max_completion_length = cfg.max_completion_length;
+    lo.mask_truncated = cfg.mask_truncated_completions;
+    lo.rows_per_step = shape.rows_per_step;
+    lo.weights = weights;
+    lo.seed = uint64_t(cfg.seed);
+    lo.graphs = dev.is_cuda();
+
+    grpo::Policy policy;
+    policy.model = pol.model;
+    policy.device = dev;
+    std::shared_ptr<models::LanguageModel> frozen;
+    if (cfg.beta != 0.0) {
+      if (lora) {
+        policy.with_reference = [m = pol.model](const auto& fn) {
+          with_adapters_off(*m, [&] { fn(*m); });
+        };
+      } else {
+        // A frozen copy of the starting weights.
+        LoadedPolicy ref = load_policy(cfg, device, dtype);
+        for (auto& p : ref.model->parameters())
+          p.set_requires_grad(false);
+        ref.model->eval();
+        frozen = ref.model;
+        policy.with_reference = [frozen](const auto& fn) { fn(*frozen); };
+      }
+    }
+    grpo::Learner learner(lo, policy, *env, prompter, reward_process.get());
+
+    // The optimizer: AdamW over the trained parameters.
+    std::vector<ParamGroup> groups = {
+        {.name = lora ? "adapters" : "weights",
+         .params = pol.trained,
+         .lr = cfg.lr.value_or(lora ? 1e-5 : 1e-6),
+         .weight_decay = cfg.weight_decay,
+         .muon = false}};
+    OptimizerOptions oo;
+    oo.adam_beta1 = cfg.adam_beta1;
+    oo.adam_beta2 = cfg.adam_beta2;
+    oo.adam_eps = cfg.adam_epsilon;
+    Optimizers optimizers(std::move(groups), oo);
+
+    Precision precision;
+    if (lora) {
+      precision.compute = torch::kFloat32;
+      precision.loss_scaling = dtype == torch::kFloat16;
+      precision.name = dtype_name(dtype) + " base (frozen), float32 adapters";
+      precision.why = "LoRA";
+    } else {
+      precision = resolve_precision(
+          cfg.fp16 ? "float16" : cfg.bf16 ? "bfloat16" : cfg.dtype, device);
+    }
+
+    int64_t B = shape.micro_batch;
+    TrainingTask task;
+    task.model = pol.model;
+    task.micro_step = [&] { return learner.micro_step(B); };
+    task.evaluate = [&] {
+      const grpo::Evaluation ev = learner.evaluate(cfg.eval_prompts);
+      EvalResult r;
+      r.loss = -ev.reward;
+      r.metrics.push_back({"eval_reward", ev.reward});
+      std::string parts;
+      for (const auto& [n, v] : ev.per_function) {
+        r.metrics.push_back({"eval_rewards/" + n + "/mean", v});
+        parts += (parts.empty() ? "" : ", ") + n + " " + fmt("%.3f", v);
+      }
+      r.summary = "held-out reward " + fmt("%.4f", ev.reward) + " over " +
+          std::to_string(ev.completions) + " completions (" + parts + ")";
+      return r;
+    };
+    task.sample = [&](int64_t step) {
+      for (const auto& s : learner.samples(2, uint64_t(cfg.seed) + 7 +
+                                                  uint64_t(step))) {
+        std::printf(
+            "  [%s] -> %s (reward %.3f)\n",
+            s.prompt.substr(s.prompt.size() > 160 ? s.prompt.size() - 160 : 0)
+                .c_str(),
+            s.completion.c_str(),
+            s.reward);
+      }
+      std::fflush(stdout);
+    };
+    task.data_state = [&] { return learner.state(); };
+    task.restore_data = [&](const nlohmann::json& j) { learner.restore(j); };
+    task.set_micro_batch = [&](int64_t b) { B = b; };
+    int64_t steps_logged = 0;
+    auto clock = [] {
+      return std::chrono::duration<double>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    double last_step_end = clock();
+    task.step_metrics = [&] {
+      auto m = learner.step_metrics();
+      // The step's seconds split: generating, scoring, the rest training.
+      const double now = clock();
+      m["step_s"] = now - last_step_end;
+      last_step_end = now;
+      m["training_s"] = m["step_s"] -
+          (m.count("generation_s") ? m["generation_s"] + m["scoring_s"] : 0.0);
+      if (++steps_logged % cfg.logging_steps == 0 && m.count("reward")) {
+        std::string line = "step " + std::to_string(steps_logged) +
+            ": reward " + fmt("%.4f", m["reward"]);
+        for (const auto& [k, v] : m)
+          if (k.rfind("rewards/", 0) == 0 && k.size() > 5 &&
+              k.substr(k.size() - 5) == "/mean")
+            line += ", " + k.substr(8, k.size() - 13) + " " + fmt("%.3f", v);
+        log.file_only(line);
+      }
+      return m;
+    };
+    task.progress_note = [&] { return learner.progress_note(); };
+    task.describe = {{"stage", "grpo"}, {"env", cfg.env}};
+    if (!cfg.model.empty()) {
+      task.describe["model_dir"] = fs::absolute(cfg.model).string();
+      task.describe["architecture"] = pol.llama->config.architecture;
+    } else {
+      task.describe["model"] = pol.gpt.state.at("model");
+      task.describe["tokenizer"] = pol.gpt.tokenizer_dir;
+      task.describe["init"] = pol.gpt.checkpoint_dir;
+    }
+    if (lora)
+      task.describe["lora"] = {
+          {"r", pol.spec.r},
+          {"alpha", pol.spec.alpha},
+          {"dropout", pol.spec.dropout},
+          {"target_modules", pol.spec.target_modules}};
+
+    const int64_t total = cfg.num_iterations.value_or(200);
+    TrainerOptions to{
+        .run_dir = result.run_dir,
+        .device = dev,
+        .precision = precision,
+        .total_steps = total,
+        .micro_batch = B,
+        .grad_accum = shape.accumulation,
+        .tokens_per_step = shape.rows_per_step * cfg.max_completion_length,
+        .grad_clip = cfg.grad_clip,
+        .warmup_steps = cfg.warmup_steps,
+        .warmdown_ratio = cfg.warmdown_ratio,
+        .eval_every = cfg.eval_every,
+        .sample_every = cfg.sample_every,
+        .save_every = cfg.save_every,
+        .save_total_limit = cfg.save_total_limit,
+        .resume = cfg.resume};
+    Trainer trainer(to, task, optimizers, log);
+    const int64_t start = trainer.resume();
+    B = trainer.micro_batch();
+    if (start < total) {
+      log("Stage: GRPO on " + pol.describe + ", " +
+          std::to_string(pol.trainable) + " of " +
+          std::to_string(pol.parameters) + " parameters trained" +
+          (lora ? " (LoRA r=" + std::to_string(pol.spec.r) + ")" : ""));
+      log("Environment: " + env->describe() + "; prompts " +
+          (prompter->chat() ? "through the chat template" : "as raw text") +
+          (reward_process ? "; reward_cmd: " + cfg.reward_cmd : ""));
+      log("Rollouts: " + std::to_string(shape.prompts_per_generation) +
+          " prompts x " + std::to_string(cfg.num_generations) +
+          " completions per generation, up to " +
+          std::to_string(cfg.max_completion_length) +
+          " new tokens, temperature " + fmt("%g", cfg.temperature) + "; " +
+          cfg.loss_type + " loss, beta " + fmt("%g", cfg.beta) +
+          ", num_iterations " + std::to_string(cfg.policy_iterations));
+      log("Batch: " + std::to_string(shape.rows_per_step) +
+          " completions per step = " + std::to_string(B) +
+          " per micro-step (" + micro_why + ") x " +
+          std::to_string(trainer.grad_accum()) + "; " + std::to_string(total) +
+          " steps; precision " + precision.name + "; run folder " +
+          result.run_dir);
+    }
+    last_step_end = clock();
+    TrainerResult tr = trainer.run();
+    result.step = tr.step;
+    result.total = total;
+    result.interrupted = tr.interrupted;
+    result.already_done = tr.already_done;
+    result.train_seconds = tr.train_seconds;
+    result.peak_memory_bytes = tr.peak_memory_bytes;
+    result.val_loss = tr.final_eval.loss;
+    result.micro_batch = tr.micro_batch;
+    result.checkpoint_dir = tr.checkpoint_dir;
+    if (tr.interrupted)
+      return result;
+    if (!cfg.model.empty()) {
+      if (lora) {
+        result.output_dir = result.run_dir + "/adapter";
+        models::save_adapter(
+            *pol.model, pol.spec, result.output_dir,
+            fs::absolute(cfg.model).string());
+      } else {
+        result.output_dir = result.run_dir + "/model";
+        models::write_merged_model(pol.llama, cfg.model, result.output_dir);
+      }
+      result.checkpoint_dir = result.output_dir;
+    } else {
+      result.output_dir = result.run_dir;
+    }
+    if (!tr.already_done) {
+      log("Done: step " + std::to_string(total) + ", held-out reward " +
+          fmt("%.4f", -result.val_loss) + ". " +
+          (lora ? "Adapter (PEFT format): " + result.output_dir
+                : "Model: " + result.output_dir));
+      for (const auto& s :
+           learner.samples(final_samples, uint64_t(cfg.seed) + 99))
+        samples_out.push_back(
+            {s.prompt, s.completion, "reward " + fmt("%.3f", s.reward)});
+    }
+    return result;
+  }
+};
+
+} // namespace
+
+const Stage& grpo_stage() {
+  static const GrpoStage stage(
+      "grpo",
+      "GRPO with reward functions on a Hugging Face model or an Orchard run "
+      "(model=DIR|checkpoint=RUN env=wordle|answers|wordnet|...)");
+  return stage;
+}
+
+} // namespace orchard::stages

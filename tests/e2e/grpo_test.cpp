@@ -1,0 +1,268 @@
+// `orchard train stage=grpo` from the command line, on the tiny Llama that
+// transformers made (tests/fixtures/hf/llama): a LoRA run with a built-in
+// reward and reward_cmd that writes a PEFT adapter and GRPO's metrics, and
+// resumes after SIGKILL (mid-generation-buffer) to the same adapter as an
+// uninterrupted run; bad settings and a dying reward process; the guide's
+// config planned for a 16 GB Mac.
+#include "core/safetensors.h"
+#include "runs/checkpoint.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <chrono>
+#include <csignal>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+
+namespace orchard {
+namespace {
+
+using test::run_orchard;
+using test::TempDir;
+
+const std::string kLlama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string write_sums(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 40; ++i)
+    text += nlohmann::json{
+                {"prompt", "What is " + std::to_string(i % 7) + "+" + std::to_string(i % 5) + "?"},
+                {"answer", std::to_string(i % 7 + i % 5)}}
+                .dump() +
+        "\n";
+  return dir.write("sums.jsonl", text);
+}
+
+// A reward process: 1 for completions shorter than 20 characters.
+const char* kShortCmd =
+    "while read -r line; do "
+    "c=$(printf '%s' \"$line\" | sed 's/.*\"completion\":\"\\([^\"]*\\)\".*/\\1/'); "
+    "if [ ${#c} -lt 20 ]; then echo '{\"short\": 1}'; else echo '{\"short\": 0}'; fi; done";
+
+std::vector<std::string> grpo_args(const TempDir& dir, const std::string& run) {
+  return {"train",
+          "stage=grpo",
+          "model=" + kLlama,
+          "env=answers",
+          "data=" + dir.file("sums.jsonl"),
+          std::string("reward_cmd=") + kShortCmd,
+          "num_generations=4",
+          "per_device_train_batch_size=4",
+          "gradient_accumulation_steps=2",
+          "steps_per_generation=4", // a generation feeds two steps
+          "max_completion_length=10",
+          "max_steps=6",
+          "save_steps=1",
+          "save_total_limit=0",
+          "eval_steps=0",
+          "eval_prompts=2",
+          "learning_rate=5e-3",
+          "lora.r=4",
+          "lora.alpha=8",
+          "run_dir=" + dir.file(run),
+          "--device",
+          "cpu"};
+}
+
+std::map<std::string, torch::Tensor> adapter_of(const TempDir& dir, const std::string& run) {
+  return safetensors::load(dir.file(run + "/adapter/adapter_model.safetensors"));
+}
+
+bool wait_for_checkpoint(const std::string& run_dir, int64_t step, pid_t pid) {
+  for (int i = 0; i < 12000; ++i) {
+    for (const auto& [s, d] : runs::list_checkpoints(run_dir))
+      if (s >= step)
+        return true;
+    int status;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+TEST(GrpoCli, LoraRunWritesAnAdapterAndResumesExactlyAfterSigkill) {
+  TempDir dir;
+  write_sums(dir);
+  const std::map<std::string, std::string> env = {
+      {"ORCHARD_HOME", dir.file("home")}, {"OMP_NUM_THREADS", "1"}};
+  auto ref = run_orchard(grpo_args(dir, "reference"), env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  EXPECT_TRUE(contains(ref.out, "Rollouts: 4 prompts x 4 completions")) << ref.out;
+  EXPECT_TRUE(contains(ref.out, "reward ")) << ref.out;
+  EXPECT_TRUE(contains(ref.out, "Adapter (PEFT format)")) << ref.out;
+  // Every step's line in metrics.jsonl has GRPO's figures, per function.
+  std::istringstream lines(test::read_text(dir.file("reference/metrics.jsonl")));
+  int steps = 0;
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss"))
+      continue;
+    ++steps;
+    for (const char* k :
+         {"reward", "reward_std", "frac_reward_zero_std", "rewards/exact_answer/mean",
+          "rewards/format/mean", "rewards/short/mean", "completions/mean_length",
+          "completions/clipped_ratio", "rollout_tokens_per_s", "clip_ratio/region_mean"})
+      EXPECT_TRUE(j.contains(k)) << k << " missing in " << line;
+    const double len = j["completions/mean_length"];
+    EXPECT_GT(len, 0);
+    EXPECT_LE(len, 10);
+  }
+  EXPECT_EQ(steps, 6);
+  auto want = adapter_of(dir, "reference");
+  ASSERT_FALSE(want.empty());
+  // Killed after step 3: half of the second generation's completions are
+  // still to train on, and come back from the checkpoint.
+  pid_t pid = test::spawn_orchard(grpo_args(dir, "killed"), env, dir.file("killed.log"));
+  const bool mid_run = wait_for_checkpoint(dir.file("killed"), 3, pid);
+  ::kill(pid, SIGKILL);
+  test::wait_child(pid);
+  EXPECT_TRUE(mid_run) << test::read_text(dir.file("killed.log"));
+  auto again = run_orchard(grpo_args(dir, "killed"), env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_TRUE(contains(again.out, "Resuming from")) << again.out;
+  auto got = adapter_of(dir, "killed");
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [k, t] : want)
+    EXPECT_TRUE(torch::equal(t, got.at(k))) << k << " differs after the resume";
+}
+
+TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
+  TempDir dir;
+  write_sums(dir);
+  const std::map<std::string, std::string> env = {{"ORCHARD_HOME", dir.file("home")}};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = grpo_args(dir, "bad");
+    for (auto& e : extra)
+      args.push_back(e);
+    return run_orchard(args, env);
+  };
+  auto r = with({"generation_batch_size=6", "steps_per_generation=auto"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "not a multiple of num_generations=4")) << r.err;
+  EXPECT_TRUE(contains(r.err, "4 or 8")) << r.err;
+  r = with({"min_p=0.1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "min_p")) << r.err;
+  r = with({"env=prompts", "reward_cmd="});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "reward_cmd")) << r.err;
+  r = with({"num_generation=4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "num_generations")) << r.err;
+  r = with({"reward_weights=[1,2]"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "reward_weights has 2 numbers but there are 3")) << r.err;
+  // The reward process dies in the second generation (after 16 answers):
+  // the run stops with a message and the checkpoints of steps 1 and 2 stay.
+  r = with(
+      {"reward_cmd=n=0; while read -r l; do n=$((n+1)); [ $n -gt 16 ] && exit 3; "
+       "echo '{\"a\": 1}'; done",
+       "run_dir=" + dir.file("dies")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "exited after answering 0 of 16")) << r.err;
+  EXPECT_TRUE(contains(r.err, "status 3")) << r.err;
+  const auto ckpts = runs::list_checkpoints(dir.file("dies"));
+  ASSERT_FALSE(ckpts.empty());
+  EXPECT_EQ(ckpts.back().first, 2);
+}
+
+TEST(GrpoCli, TheGuidesWordleRunFitsA16GbMacByThePlannersAccount) {
+  // Only config.json is read: Qwen2.5-3B's.
+  TempDir tmp;
+  tmp.write(
+      "q3b/config.json",
+      nlohmann::json{{"architectures", {"Qwen2ForCausalLM"}},
+                     {"model_type", "qwen2"},
+                     {"vocab_size", 151936},
+                     {"hidden_size", 2048},
+                     {"intermediate_size", 11008},
+                     {"num_hidden_layers", 36},
+                     {"num_attention_heads", 16},
+                     {"num_key_value_heads", 2},
+                     {"max_position_embeddings", 32768},
+                     {"rms_norm_eps", 1e-6},
+                     {"rope_theta", 1000000.0},
+                     {"tie_word_embeddings", true},
+                     {"torch_dtype", "bfloat16"}}
+          .dump());
+  auto plan = [&](const std::string& gb) {
+    return run_orchard(
+        {"plan", "--preset", "grpo-wordle-qwen-3b", "model=" + tmp.file("q3b"),
+         "--assume-device", "mps", "--memory-gb", gb, "--json"});
+  };
+  auto r = plan("16");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["stage"], "grpo");
+  EXPECT_EQ(j["generation_batch"], 2);
+  EXPECT_EQ(j["choice"]["batch"], 1);
+  EXPECT_TRUE(j["choice"]["fits"].get<bool>());
+  // The bf16 weights (6.2 GB) and the rollouts' cache are counted.
+  EXPECT_GT(j["choice"]["total_bytes"].get<double>(), 6.1e9);
+  EXPECT_GT(j["candidates"][0]["kv_cache_bytes"].get<double>(), 0);
+  r = plan("8");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+}
+
+} // namespace
+} // namespace orchard
+
+namespace orchard {
+namespace {
+
+// `orchard data wordle` writes turns whose feedback columns are the game's
+// (recomputed here from secret and guesses), with the prompt in the guide's
+// notation; `orchard eval` refuses what it cannot play.
+TEST(GrpoCli, DataWordleWritesTurnsWithTheirFeedback) {
+  TempDir dir;
+  const std::string words = dir.write(
+      "w.txt", "crane\ncrate\ntrace\nslate\nabbey\nbabes\nspeed\neerie\nplate\n"
+               "grate\nirate\nbrave\nstare\nshale\nwhale\nquake\nflame\nframe\n");
+  auto r = run_orchard(
+      {"data", "wordle", "--count", "12", "--seed", "3", "--words", words, "--out",
+       dir.file("turns.jsonl")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::istringstream in(test::read_text(dir.file("turns.jsonl")));
+  int n = 0, with_guesses = 0;
+  for (std::string line; std::getline(in, line); ++n) {
+    auto j = nlohmann::json::parse(line);
+    const std::string secret = j["secret"];
+    ASSERT_EQ(j["guesses"].size(), j["feedback"].size());
+    std::string user = j["prompt"][1]["content"];
+    for (size_t i = 0; i < j["guesses"].size(); ++i) {
+      const std::string g = j["guesses"][i], f = j["feedback"][i];
+      ASSERT_EQ(f.size(), 5u);
+      for (size_t k = 0; k < 5; ++k) {
+        // Green exactly where the letters agree; absent letters are absent.
+        EXPECT_EQ(f[k] == 'G', g[k] == secret[k]) << g << " vs " << secret;
+        if (f[k] == '-')
+          EXPECT_TRUE(g[k] != secret[k]);
+      }
+      std::string upper(1, char(std::toupper(g[0])));
+      EXPECT_NE(user.find(upper + "("), std::string::npos) << user;
+      ++with_guesses;
+    }
+  }
+  EXPECT_EQ(n, 12);
+  EXPECT_GT(with_guesses, 0);
+  r = run_orchard({"data", "wordle", "--count", "3", "--words", dir.file("missing"),
+                   "--out", dir.file("x.jsonl")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cannot read the word list"), std::string::npos) << r.err;
+  r = run_orchard({"eval", "env=chess", "--model", kLlama});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("env=wordle"), std::string::npos) << r.err;
+}
+
+} // namespace
+} // namespace orchard

@@ -1,0 +1,152 @@
+// GRPO's built-in rewards on hand-written completions, and reward_cmd's
+// protocol with its failures (a child that exits, hangs, or writes
+// something other than named scores).
+#include "core/error.h"
+#include "stages/grpo/environment.h"
+#include "stages/grpo/reward_process.h"
+#include "stages/grpo/wordle.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+namespace orchard {
+namespace {
+
+using grpo::Example;
+
+TEST(GrpoRewards, WordleScoresFormatValidityConsistencyInformationAndTheWin) {
+  test::TempDir dir;
+  const std::string words =
+      dir.write("words.txt", "crane\ncrate\ntrace\nslate\nabbey\nbabes\nxx\nCAPS\n");
+  auto env = grpo::make_environment({.name = "wordle", .words = words, .wordle_games = 20});
+  // Secret crate, one earlier guess: slate.
+  const Example e = grpo::wordle::turn_example("crate", {"slate"});
+  EXPECT_EQ(e.columns["feedback"][0], "--GGG");
+  const auto s = env->score(
+      e,
+      {"<think>t, e fit</think><guess>crate</guess>",
+       "<think>hm</think><guess>CRANE</guess>",
+       "<guess>zzzzz</guess>",
+       "no tags at all"});
+  ASSERT_EQ(s.size(), 4u);
+  // format, valid_word, consistent, information, solved
+  EXPECT_EQ(s[0][0], 1.0);
+  EXPECT_EQ(s[0][1], 1.0);
+  EXPECT_EQ(s[0][2], 1.0);
+  EXPECT_EQ(s[0][4], 1.0);
+  EXPECT_EQ(s[1][0], 1.0); // upper case is read as the word
+  EXPECT_EQ(s[1][1], 1.0);
+  EXPECT_EQ(s[1][2], 0.0); // slate's green T rules crane out
+  EXPECT_EQ(s[1][4], 0.0);
+  EXPECT_EQ(s[2][0], 0.5); // a five-letter guess without the <think> part
+  EXPECT_EQ(s[2][1], 0.0);
+  EXPECT_EQ(s[2][3], 0.0);
+  EXPECT_EQ(s[3], (std::vector<double>{0, 0, 0, 0, 0}));
+  // The information term is guess_value over the words still possible.
+  const auto remaining = grpo::wordle::candidates(
+      grpo::read_words(words, 5), {{"slate", grpo::wordle::feedback("crate", "slate")}});
+  EXPECT_DOUBLE_EQ(s[0][3], grpo::wordle::guess_value("crate", remaining));
+  EXPECT_EQ(env->reward_names().size(), 5u);
+}
+
+TEST(GrpoRewards, WordleTurnsShowFeedbackInTheGuidesNotation) {
+  const Example e = grpo::wordle::turn_example("crane", {"eerie"});
+  EXPECT_EQ(e.columns["feedback"][0], "--Y-G");
+  const std::string user = e.messages[1]["content"];
+  EXPECT_NE(user.find("E(x) E(x) R(-) I(x) E(✓)"), std::string::npos) << user;
+  EXPECT_EQ(e.messages[0]["role"], "system");
+}
+
+TEST(GrpoRewards, AnswersReadTheTagOrTheLastNumber) {
+  test::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 21; ++i)
+    lines += "{\"prompt\": \"2+" + std::to_string(i) + "?\", \"answer\": \"" +
+        std::to_string(2 + i) + "\"}\n";
+  auto env = grpo::make_environment({.name = "answers", .data = dir.write("a.jsonl", lines)});
+  EXPECT_EQ(env->train().size(), 20u);
+  EXPECT_EQ(env->held_out().size(), 1u);
+  const Example& e = env->train()[3]; // 2+3
+  const auto s = env->score(
+      e, {"<answer>5</answer>", "so it is 4, no, 5.0", "<answer>6</answer> 5", "five"});
+  EXPECT_EQ(s[0], (std::vector<double>{1, 1}));
+  EXPECT_EQ(s[1], (std::vector<double>{1, 0}));
+  EXPECT_EQ(s[2], (std::vector<double>{0, 1})); // the tag wins over numbers
+  EXPECT_EQ(s[3], (std::vector<double>{0, 0}));
+}
+
+TEST(GrpoRewards, BadRecordsNameTheFileAndLine) {
+  test::TempDir dir;
+  auto expect_error = [&](const std::string& text, const std::string& part) {
+    const std::string f = dir.write("bad.jsonl", text);
+    try {
+      grpo::make_environment({.name = "answers", .data = f});
+      FAIL() << "no error for " << text;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_error("{\"prompt\": \"x\", \"answer\": \"1\"}\nnot json\n", "bad.jsonl:2");
+  expect_error("{\"prompt\": \"x\"}\n", "no \"answer\"");
+  expect_error("{\"question\": \"x\", \"answer\": 1}\n", "no \"prompt\"");
+  expect_error(
+      "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}], \"answer\": 1}\n",
+      "ending with a user");
+  EXPECT_THROW(grpo::make_environment({.name = "answers"}), UserError);
+  EXPECT_THROW(grpo::make_environment({.name = "wordle", .words = dir.file("none")}), UserError);
+}
+
+TEST(GrpoRewards, LettersRewardAWordStartingWithTheLetter) {
+  test::TempDir dir;
+  auto env = grpo::make_environment(
+      {.name = "letters", .words = dir.write("w.txt", "crane\nslate\n")});
+  ASSERT_EQ(env->train().size(), 2u); // c and s
+  const Example& c = env->train()[0];
+  EXPECT_EQ(c.raw, "c:");
+  const auto s = env->score(c, {" crane", " slate", " cranes", ""});
+  EXPECT_EQ(s[0], (std::vector<double>{1, 1}));
+  EXPECT_EQ(s[1], (std::vector<double>{0, 1}));
+  EXPECT_EQ(s[2], (std::vector<double>{0, 0}));
+  EXPECT_EQ(s[3], (std::vector<double>{0, 0}));
+  EXPECT_EQ(env->default_weights(), (std::vector<double>{1.0, 0.1}));
+}
+
+std::string reward_error(const std::string& cmd, double timeout = 5) {
+  try {
+    grpo::RewardProcess p(cmd, timeout);
+    p.score({{{"prompt", "p"}, {"completion", "c"}}, {{"prompt", "q"}, {"completion", "d"}}});
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(GrpoRewards, RewardProcessScoresEveryLineInOrder) {
+  // A reward of 1 when the completion is "yes", and the length of the prompt.
+  grpo::RewardProcess p(
+      "while read -r line; do case \"$line\" in *'\"completion\":\"yes\"'*) "
+      "echo '{\"yes\": 1, \"n\": 2}';; *) echo '{\"yes\": 0, \"n\": 3}';; esac; done",
+      5);
+  std::vector<nlohmann::json> req;
+  for (int i = 0; i < 500; ++i) // more than a pipe's buffer holds
+    req.push_back({{"prompt", std::string(300, 'x')}, {"completion", i % 3 ? "no" : "yes"}});
+  auto s = p.score(req);
+  ASSERT_EQ(s.size(), 500u);
+  EXPECT_EQ(p.names(), (std::vector<std::string>{"n", "yes"}));
+  for (int i = 0; i < 500; ++i)
+    EXPECT_EQ(s[size_t(i)], (std::vector<double>{i % 3 ? 3.0 : 2.0, i % 3 ? 0.0 : 1.0}));
+  // A second batch keeps the process.
+  EXPECT_EQ(p.score({req[0]}).size(), 1u);
+}
+
+TEST(GrpoRewards, RewardProcessFailuresSayWhatWentWrong) {
+  EXPECT_NE(reward_error("exit 3").find("exited"), std::string::npos);
+  EXPECT_NE(reward_error("read x; echo '{\"a\": 1}'; exit 0").find("exited after answering 1 of 2"), std::string::npos);
+  EXPECT_NE(reward_error("while read x; do echo hello; done").find("not a JSON object"), std::string::npos);
+  EXPECT_NE(reward_error("while read x; do echo '{\"a\": \"high\"}'; done").find("not a number"), std::string::npos);
+  EXPECT_NE(reward_error("sleep 30", 0.3).find("reward_timeout"), std::string::npos);
+  EXPECT_NE(reward_error("read x; echo '{\"a\": 1}'; read y; echo '{\"b\": 1}'").find("\"a\" is missing"), std::string::npos);
+}
+
+} // namespace
+} // namespace orchard
