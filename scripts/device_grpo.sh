@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 19 on the CUDA machine (../shared/device/README.md): build orchard
+# and the unit tests against PyTorch's libtorch, run the GRPO tests, then
+# GRPO side by side with TRL (bench/peers/grpo_trl.py, TRL's sources
+# carried in .peers/trl-site) on random models with Qwen2.5-3B's shape
+# (LoRA, the guide's settings) and 0.5B's (full fine-tuning).
+# ONLY=3b|0.5b runs one of the two; NO_PEER=1 skips TRL.
+set -uo pipefail
+OUT="${OUT:-/tmp/orchard-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+status=0
+source scripts/device_debs.sh
+TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+start=$(date +%s)
+cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 \
+  > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+cmake --build build-cuda -j16 --target orchard orchard_unit_tests \
+  > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "build took $(( $(date +%s) - start )) s"
+OMP_NUM_THREADS=1 ./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-Grpo*:Wordle.*}" \
+  > "$OUT/unit.log" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |held-out|tests ran" "$OUT/unit.log" | head -20
+export PYTHONPATH=$PWD/.peers/trl-site
+DATA=/tmp/grpo-prompts.jsonl
+python3 bench/peers/grpo_trl.py --data $DATA
+O=$PWD/build-cuda/orchard
+bench() { # size kind G B ACC
+  local size=$1 kind=$2 G=$3 B=$4 ACC=$5 M=/tmp/qwen-$1-grpo
+  [ -f $M/config.json ] || python3 bench/peers/grpo_trl.py --make $size $M 2>&1 | grep -v Warn | tail -1
+  echo "=== Qwen2.5-$size shape, $kind, num_generations $G, per_device $B x accumulation $ACC, 128 new tokens"
+  local R=/tmp/grpo-run-$size
+  rm -rf $R
+  $O train stage=grpo model=$M finetune=$kind env=answers data=$DATA prompt_format=raw \
+    num_generations=$G per_device_train_batch_size=$B gradient_accumulation_steps=$ACC \
+    max_completion_length=128 max_steps=${STEPS:-8} learning_rate=1e-6 bf16=true \
+    gradient_checkpointing=true eval_steps=0 eval_prompts=1 save_steps=0 run_dir=$R \
+    > "$OUT/orchard_$size.log" 2>&1 || { status=1; tail -20 "$OUT/orchard_$size.log"; }
+  grep -E "^Batch|^Rollouts|Peak memory" "$OUT/orchard_$size.log"
+  python3 bench/peers/grpo_orchard_summary.py $R $kind $G 128 | tee -a "$OUT/grpo_bench.jsonl"
+  if [ "${NO_PEER:-0}" != 1 ]; then
+    G=$G B=$B ACC=$ACC C=128 STEPS=${STEPS:-8} python3 bench/peers/grpo_trl.py $M $kind \
+      > "$OUT/trl_$size.log" 2>&1 || { status=1; tail -20 "$OUT/trl_$size.log"; }
+    grep '^{"peer"' "$OUT/trl_$size.log" | tee -a "$OUT/grpo_bench.jsonl"
+  fi
+}
+[ "${ONLY:-3b}" = 0.5b ] || bench 3b lora 2 1 2
+[ "${ONLY:-0.5b}" = 3b ] || bench 0.5b full 8 8 1
+exit $status
