@@ -78,8 +78,16 @@ RewardProcess::~RewardProcess() {
 void RewardProcess::fail(const std::string& what) {
   std::string status;
   if (pid_ > 0) {
+    // A child that closed its output is usually exiting: give it a moment
+    // so its status can be reported.
     int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+    pid_t done = 0;
+    for (int i = 0; i < 50 && done == 0; ++i) {
+      done = waitpid(pid_, &st, WNOHANG);
+      if (done == 0)
+        usleep(20'000);
+    }
+    if (done == pid_) {
       pid_ = -1;
       status = WIFEXITED(st)
           ? " It exited with status " + std::to_string(WEXITSTATUS(st)) + "."
