@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "core/strings.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -20,21 +21,6 @@ namespace {
 
 // Integers this large no longer survive a trip through double (2^53).
 constexpr double kMaxExactDouble = 9007199254740992.0;
-
-std::string trim(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a])))
-    ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1])))
-    --b;
-  return s.substr(a, b - a);
-}
-
-std::string lower(std::string s) {
-  for (auto& c : s)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string unquote(const std::string& s) {
   if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') &&

@@ -1,4 +1,5 @@
 #include "core/doctor.h"
+#include "core/clock.h"
 
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -14,11 +15,6 @@ namespace {
 
 constexpr int64_t kMatmulSize = 1024;
 constexpr double kMatmulMinSeconds = 0.25; // long enough to time reliably
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // The tiny model of the step check. Deliberately plain: an embedding (index
 // gather/scatter), two matrix products with a nonlinearity, cross-entropy

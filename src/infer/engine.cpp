@@ -1,4 +1,5 @@
 #include "infer/engine.h"
+#include "core/clock.h"
 
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -12,11 +13,6 @@
 
 namespace orchard::infer {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 } // namespace
 

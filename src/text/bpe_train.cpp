@@ -1,4 +1,5 @@
 #include "text/bpe_train.h"
+#include "core/clock.h"
 
 #include "core/error.h"
 
@@ -11,11 +12,6 @@
 
 namespace orchard::text {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 using Pair = uint64_t; // (left id << 32) | right id
 Pair make_pair(uint32_t a, uint32_t b) {

@@ -1,4 +1,5 @@
 #include "train/trainer.h"
+#include "core/clock.h"
 
 #include "core/error.h"
 #include "core/machine.h"
@@ -87,11 +88,6 @@ constexpr int64_t kMaxNonFiniteSteps = 5;
 // finite even unscaled.
 constexpr double kMinLossScale = 1.0;
 constexpr double kClipEps = 1e-6; // torch.nn.utils.clip_grad_norm_'s
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 double number_or(
     const nlohmann::json& j,

@@ -156,6 +156,15 @@ TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   r = with({"env=prompts", "reward_cmd="});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "reward_cmd")) << r.err;
+  r = with({"checkpoint=" + dir.file("run")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "model=DIR or checkpoint=RUN, not both")) << r.err;
+  r = with({"data=[" + dir.file("sums.jsonl") + "," + dir.file("sums.jsonl") + "]"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "reads one data file")) << r.err;
+  r = with({"data=" + dir.file("missing.jsonl")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "cannot read data file")) << r.err;
   r = with({"num_generation=4"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "num_generations")) << r.err;

@@ -1,6 +1,7 @@
 #include "stages/grpo/environment.h"
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "data/wordnet.h"
 #include "stages/grpo/wordle.h"
 
@@ -67,21 +68,6 @@ std::string last_tagged(const std::string& text, const std::string& tag) {
 }
 
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a])))
-    ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1])))
-    --b;
-  return s.substr(a, b - a);
-}
-
-std::string lower(std::string s) {
-  for (auto& c : s)
-    c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 nlohmann::json message(const std::string& role, const std::string& content) {
   return {{"role", role}, {"content", content}};

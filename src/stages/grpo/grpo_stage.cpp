@@ -4,6 +4,7 @@
 // hands the Learner's micro-steps to the shared Trainer.
 #include "stages/grpo/grpo_stage.h"
 
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -16,7 +17,6 @@
 #include "train/memory_plan.h"
 #include "train/trainer.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -247,26 +247,26 @@ LoadedPolicy load_policy(
   return p;
 }
 
-// Every adapter's scaling set to 0 while `fn` runs: the base model alone.
-void with_adapters_off(
-    models::AdaptableModel& model,
-    const std::function<void()>& fn) {
-  std::vector<std::pair<models::ProjImpl*, double>> saved;
-  for (auto& [name, proj] : model.projections())
-    if (proj->has_lora()) {
-      saved.push_back({proj.get(), proj->scaling});
-      proj->scaling = 0.0;
-    }
-  try {
-    fn();
-  } catch (...) {
-    for (auto& [p, s] : saved)
-      p->scaling = s;
-    throw;
+// Every adapter's scaling is 0 while it lives: the base model alone.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(models::AdaptableModel& model) {
+    for (auto& [name, proj] : model.projections())
+      if (proj->has_lora()) {
+        saved_.push_back({proj.get(), proj->scaling});
+        proj->scaling = 0.0;
+      }
   }
-  for (auto& [p, s] : saved)
-    p->scaling = s;
-}
+  ~AdaptersOff() {
+    for (auto& [p, s] : saved_)
+      p->scaling = s;
+  }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  std::vector<std::pair<models::ProjImpl*, double>> saved_;
+};
 
 class GrpoStage : public Stage {
  public:
@@ -414,6 +414,10 @@ class GrpoStage : public Stage {
     config::write_yaml(
         result.run_dir + "/config.yaml", grpo::grpo_schema(), &written, origins);
 
+    if (cfg.data.size() > 1)
+      throw UserError(
+          "stage=grpo reads one data file; give data=FILE (merge the others "
+          "into it).");
     // The environment and reward_cmd.
     auto env = grpo::make_environment(
         {.name = cfg.env,
@@ -421,10 +425,6 @@ class GrpoStage : public Stage {
          .words = cfg.words,
          .data_dir = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir,
          .seed = uint64_t(cfg.seed)});
-    if (cfg.data.size() > 1)
-      throw UserError(
-          "stage=grpo reads one data file; give data=FILE (merge the others "
-          "into it).");
     std::unique_ptr<grpo::RewardProcess> reward_process;
     if (!cfg.reward_cmd.empty())
       reward_process = std::make_unique<grpo::RewardProcess>(
@@ -529,7 +529,8 @@ class GrpoStage : public Stage {
     if (cfg.beta != 0.0) {
       if (lora) {
         policy.with_reference = [m = pol.model](const auto& fn) {
-          with_adapters_off(*m, [&] { fn(*m); });
+          AdaptersOff off(*m);
+          fn(*m);
         };
       } else {
         // A frozen copy of the starting weights.
@@ -601,16 +602,11 @@ class GrpoStage : public Stage {
     task.restore_data = [&](const nlohmann::json& j) { learner.restore(j); };
     task.set_micro_batch = [&](int64_t b) { B = b; };
     int64_t steps_logged = 0;
-    auto clock = [] {
-      return std::chrono::duration<double>(
-                 std::chrono::steady_clock::now().time_since_epoch())
-          .count();
-    };
-    double last_step_end = clock();
+    double last_step_end = now_s();
     task.step_metrics = [&] {
       auto m = learner.step_metrics();
       // The step's seconds split: generating, scoring, the rest training.
-      const double now = clock();
+      const double now = now_s();
       m["step_s"] = now - last_step_end;
       last_step_end = now;
       m["training_s"] = m["step_s"] -
@@ -685,7 +681,7 @@ class GrpoStage : public Stage {
           " steps; precision " + precision.name + "; run folder " +
           result.run_dir);
     }
-    last_step_end = clock();
+    last_step_end = now_s();
     TrainerResult tr = trainer.run();
     result.step = tr.step;
     result.total = total;

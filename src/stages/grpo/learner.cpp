@@ -1,5 +1,6 @@
 #include "stages/grpo/learner.h"
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 
@@ -11,12 +12,6 @@
 
 namespace orchard::grpo {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // A seed per generation that does not collide with the neighbours'.
 uint64_t mix(uint64_t a, uint64_t b) {

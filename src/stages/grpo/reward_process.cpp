@@ -1,5 +1,6 @@
 #include "stages/grpo/reward_process.h"
 
+#include "core/clock.h"
 #include "core/error.h"
 
 #include <cerrno>
@@ -13,12 +14,6 @@
 
 namespace orchard::grpo {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string shorten(const std::string& s) {
   return s.size() <= 200 ? s : s.substr(0, 200) + "...";
