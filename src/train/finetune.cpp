@@ -538,15 +538,8 @@ TrainResult run_finetune(
         std::to_string(total) + " steps; run folder " + result.run_dir);
   }
   TrainerResult tr = trainer.run();
-  result.step = tr.step;
+  copy_trainer_result(tr, result);
   result.total = total;
-  result.interrupted = tr.interrupted;
-  result.already_done = tr.already_done;
-  result.train_seconds = tr.train_seconds;
-  result.peak_memory_bytes = tr.peak_memory_bytes;
-  result.val_loss = tr.final_eval.loss;
-  result.micro_batch = tr.micro_batch;
-  result.checkpoint_dir = tr.checkpoint_dir;
   if (tr.interrupted)
     return result;
   // The result in the formats other tools read, from the final weights.

@@ -259,6 +259,17 @@ int64_t resolve_num_steps(
           epochs * double(windows_per_epoch) / double(sequences_per_step))));
 }
 
+void copy_trainer_result(const TrainerResult& from, TrainResult& to) {
+  to.step = from.step;
+  to.interrupted = from.interrupted;
+  to.already_done = from.already_done;
+  to.train_seconds = from.train_seconds;
+  to.peak_memory_bytes = from.peak_memory_bytes;
+  to.val_loss = from.final_eval.loss;
+  to.micro_batch = from.micro_batch;
+  to.checkpoint_dir = from.checkpoint_dir;
+}
+
 TrainResult run_training(
     const PretrainConfig& cfg,
     const config::Origins& origins,
@@ -592,13 +603,7 @@ TrainResult run_training(
         " epochs); run folder " + result.run_dir);
   }
   TrainerResult tr = trainer.run();
-  result.step = tr.step;
-  result.interrupted = tr.interrupted;
-  result.already_done = tr.already_done;
-  result.train_seconds = tr.train_seconds;
-  result.peak_memory_bytes = tr.peak_memory_bytes;
-  result.checkpoint_dir = tr.checkpoint_dir;
-  result.val_loss = tr.final_eval.loss;
+  copy_trainer_result(tr, result);
   if (tr.interrupted || tr.already_done)
     return result;
   for (const auto& [name, v] : tr.final_eval.metrics)

@@ -45,6 +45,11 @@ struct TrainResult {
   int64_t micro_batch = 0, trainable_parameters = 0, parameters = 0;
 };
 
+struct TrainerResult;
+// The Trainer's outcome into a stage's result: step, interruption,
+// seconds, peak memory, final validation loss, micro-batch, checkpoint.
+void copy_trainer_result(const TrainerResult& from, TrainResult& to);
+
 // What samples are drawn from: continuations of held-out documents (base)
 // or answers to held-out questions (mid, sft).
 struct SampleSource {

@@ -683,15 +683,8 @@ class GrpoStage : public Stage {
     }
     last_step_end = now_s();
     TrainerResult tr = trainer.run();
-    result.step = tr.step;
+    copy_trainer_result(tr, result);
     result.total = total;
-    result.interrupted = tr.interrupted;
-    result.already_done = tr.already_done;
-    result.train_seconds = tr.train_seconds;
-    result.peak_memory_bytes = tr.peak_memory_bytes;
-    result.val_loss = tr.final_eval.loss;
-    result.micro_batch = tr.micro_batch;
-    result.checkpoint_dir = tr.checkpoint_dir;
     if (tr.interrupted)
       return result;
     if (!cfg.model.empty()) {
