@@ -1,4 +1,4 @@
-// `orchard pipeline`: base, mid and sft training and a report in one
+// `orchard pipeline`: base, mid, sft and rl training and a report in one
 // command (stages/pipeline.h); runs only the stages not yet done.
 #include "cli/common.h"
 #include "stages/gpt_stages.h"
@@ -20,7 +20,7 @@ Command register_pipeline(CLI::App& root) {
   auto st = std::make_shared<State>();
   CLI::App* app = root.add_subcommand(
       "pipeline",
-      "Base, mid and sft training and a report in one command; runs only "
+      "Base, mid, sft and rl training and a report in one command; runs only "
       "the stages not yet done");
   add_config_flags(
       app, st->config, st->defaults->stage->schema(), st->defaults->fields());

@@ -114,7 +114,7 @@ void add_model_flags(CLI::App* app, ModelFlags& flags) {
   app->add_option(
       "-i,--stage",
       flags.stage,
-      "the model of a stage: base, mid or sft (its newest run)");
+      "the model of a stage: base, mid, sft or rl (its newest run)");
   app->add_option(
       "--run", flags.run, "with -i: the run's name (runs/<stage>/<name>)");
   app->add_option(

@@ -28,7 +28,7 @@ std::string model_path(const ModelSource& s) {
     return s.checkpoint;
   if (s.stage.empty())
     throw UserError(
-        "which model? Give -i base|mid|sft (a stage's newest run) or "
+        "which model? Give -i base|mid|sft|rl (a stage's newest run) or "
         "--checkpoint DIR (a run or checkpoint folder).");
   return find_stage_run(s.stage, s.run);
 }

@@ -12,7 +12,7 @@ namespace orchard::runs {
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> names = {"base", "mid", "sft"};
+  static const std::vector<std::string> names = {"base", "mid", "sft", "rl"};
   return names;
 }
 
@@ -21,6 +21,8 @@ std::string previous_stage(const std::string& stage) {
     return "base";
   if (stage == "sft")
     return "mid";
+  if (stage == "rl")
+    return "sft";
   return "";
 }
 
@@ -35,7 +37,7 @@ std::string find_stage_run(const std::string& stage, const std::string& name) {
   if (!known)
     throw UserError(
         "-i " + stage +
-        ": the stages are base, mid and sft (or give "
+        ": the stages are base, mid, sft and rl (or give "
         "--checkpoint with a run or checkpoint folder).");
   if (!name.empty()) {
     std::string dir = stage_run_dir(stage, name);

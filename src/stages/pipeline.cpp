@@ -5,6 +5,7 @@
 #include "runs/checkpoint.h"
 #include "runs/run_folder.h"
 #include "stages/gpt_stages.h"
+#include "stages/grpo/grpo_stage.h"
 #include "train/pretrain_config.h"
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,16 @@
 
 namespace orchard::stages {
 namespace {
+
+// The rl stage's GRPO settings: 4 questions x 8 answers a step, answers cut
+// at 32 tokens (the name and part of speech come first), an evaluation of
+// 32 held-out questions before and after.
+constexpr int64_t kRlGenerations = 8;
+constexpr int64_t kRlGenerationBatch = 32;
+constexpr int64_t kRlCompletion = 32;
+constexpr int64_t kRlMicroBatch = 8; // each step trains the whole batch
+constexpr const char* kRlLearningRate = "3e-4";
+constexpr int64_t kRlEvalPrompts = 32;
 
 struct StageStatus {
   bool done = false;
@@ -48,6 +59,64 @@ StageStatus status_of(const std::string& run_dir, int64_t wanted) {
   return st;
 }
 
+
+// A stage whose parent trains in this command, or was trained further
+// since, is stale: it trains again (its old run is kept aside).
+void mark_stale(const Pipeline& p, const PipelineStage& ps, StageStatus& st) {
+  if (p.stages.empty() || st.step == 0)
+    return;
+  const PipelineStage& parent = p.stages.back();
+  const std::string& parent_name = parent.name;
+  const auto parent_ckpts = runs::list_checkpoints(parent.run_dir);
+  const std::string was = runs::trained_from(ps.run_dir);
+  if (!parent.done) {
+    st.done = false;
+    st.text = "trains again after " + parent_name +
+        " (it was trained "
+        "from " +
+        parent_name + "'s older checkpoint)";
+  } else if (
+      !parent_ckpts.empty() && !was.empty() &&
+      !runs::same_folder(was, parent_ckpts.back().second)) {
+    st.done = false;
+    st.text = "trained from " + was + ", not " + parent_name +
+        "'s newest checkpoint: trains again";
+  }
+}
+
+// The rl stage: GRPO from the sft run on WordNet's questions, rewarded for
+// naming the asked word and its part of speech (stages/grpo/environment.h),
+// with settings sized for the quick model on a CPU.
+std::unique_ptr<Settings> rl_settings(
+    const PretrainConfig& cfg,
+    const std::string& name,
+    const std::string& run_dir,
+    const EnvLookup& env) {
+  config::Sources src;
+  src.env = env;
+  src.overrides = {
+      "env=wordnet",
+      "checkpoint=" + runs::stage_run_dir("sft", name),
+      "run_dir=" + run_dir,
+      "max_steps=" + std::to_string(cfg.rl_iterations),
+      "seed=" + std::to_string(cfg.seed),
+      "num_generations=" + std::to_string(kRlGenerations),
+      "generation_batch_size=" + std::to_string(kRlGenerationBatch),
+      "max_completion_length=" +
+          std::to_string(std::min(kRlCompletion, cfg.max_seq_len / 2)),
+      "learning_rate=" + std::string(kRlLearningRate),
+      "gradient_accumulation_steps=" +
+          std::to_string(kRlGenerationBatch / kRlMicroBatch),
+      "per_device_train_batch_size=" + std::to_string(kRlMicroBatch),
+      "eval_prompts=" + std::to_string(kRlEvalPrompts),
+      "eval_every=0",
+      "save_every=" + std::to_string(cfg.save_every),
+  };
+  if (!cfg.data_dir.empty())
+    src.overrides.push_back("data_dir=" + cfg.data_dir);
+  return grpo_stage().configure(src);
+}
+
 } // namespace
 
 Pipeline plan_pipeline(const config::Sources& sources) {
@@ -73,8 +142,25 @@ Pipeline plan_pipeline(const config::Sources& sources) {
   p.name = !cfg.run.empty()
       ? cfg.run
       : "d" + std::to_string(cfg.arch.n_layer.value_or(cfg.depth));
-  // Each stage's settings: the pipeline's, with its own length.
+  // Each stage's settings: the pipeline's, with its own length; rl's are
+  // GRPO's (rl_settings).
   for (const auto& stage : runs::pipeline_stages()) {
+    if (stage == "rl") {
+      // Opt-in, as nanochat's chat_rl: on the quick model it raises the
+      // shaped reward but not the share answered right (docs/grpo.md).
+      if (cfg.rl_iterations == 0)
+        continue;
+      PipelineStage ps;
+      ps.name = stage;
+      ps.run_dir = runs::stage_run_dir("rl", p.name);
+      ps.settings = rl_settings(cfg, p.name, ps.run_dir, sources.env);
+      StageStatus st = status_of(ps.run_dir, cfg.rl_iterations);
+      mark_stale(p, ps, st);
+      ps.done = st.done;
+      ps.status = st.text;
+      p.stages.push_back(std::move(ps));
+      continue;
+    }
     const Stage& entry = stage_named(stage);
     auto s = std::make_unique<SettingsOf<PretrainConfig>>();
     s->stage = &entry;
@@ -95,30 +181,11 @@ Pipeline plan_pipeline(const config::Sources& sources) {
     const bool fixed_length = c.stage != "base" ||
         (!c.epochs && !c.target_tokens && c.num_iterations);
     PipelineStage ps;
+    ps.name = stage;
     ps.run_dir = runs::stage_run_dir(c.stage, p.name);
     StageStatus st =
         status_of(ps.run_dir, fixed_length ? *c.num_iterations : 0);
-    // A stage whose parent trains in this command, or was trained further
-    // since, is stale: it trains again (its old run is kept aside).
-    if (!p.stages.empty() && st.step > 0) {
-      const PipelineStage& parent = p.stages.back();
-      const std::string parent_name = parent.settings->stage->name();
-      const auto parent_ckpts = runs::list_checkpoints(parent.run_dir);
-      const std::string was = runs::trained_from(ps.run_dir);
-      if (!parent.done) {
-        st.done = false;
-        st.text = "trains again after " + parent_name +
-            " (it was trained "
-            "from " +
-            parent_name + "'s older checkpoint)";
-      } else if (
-          !parent_ckpts.empty() && !was.empty() &&
-          !runs::same_folder(was, parent_ckpts.back().second)) {
-        st.done = false;
-        st.text = "trained from " + was + ", not " + parent_name +
-            "'s newest checkpoint: trains again";
-      }
-    }
+    mark_stale(p, ps, st);
     ps.done = st.done;
     ps.status = st.text;
     ps.settings = std::move(s);
@@ -135,7 +202,7 @@ std::string pipeline_status(const Pipeline& p) {
         line,
         sizeof line,
         "  %-4s  %-16s %s\n",
-        s.settings->stage->name().c_str(),
+        s.name.c_str(),
         s.run_dir.c_str(),
         s.status.c_str());
     out += line;
@@ -150,33 +217,39 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
     all_done = all_done && s.done;
     const Stage& stage = *s.settings->stage;
     if (!s.done)
-      std::printf("\n==> Stage %s\n", stage.name().c_str());
+      std::printf(
+          "\n==> Stage %s%s\n",
+          s.name.c_str(),
+          s.name == "rl" ? " (GRPO on WordNet's questions)" : "");
     std::fflush(stdout);
     reports.push_back(stage.train(*s.settings, d));
     if (reports.back().result.interrupted) {
       std::printf(
           "The pipeline stopped during %s; run the same command to "
           "resume it.\n",
-          stage.name().c_str());
+          s.name.c_str());
       return false;
     }
   }
   const std::string report = "runs/report-" + p.name + ".md";
   std::string preamble = "Model `" + p.name + "`; stages:\n\n";
   for (const auto& s : p.stages)
-    preamble += "- " + s.settings->stage->name() + ": " +
+    preamble += "- " + s.name +
+        (s.name == "rl" ? " (GRPO on WordNet's questions)" : "") + ": " +
         (s.done ? "already done before this command"
                 : "trained by this command") +
         "\n";
   train::write_pipeline_report(report, d, reports, preamble);
-  const auto& sft = reports.back();
+  const auto& last = reports.back();
   std::printf(
       "\n%s. Report: %s\n",
       all_done ? "The pipeline was already complete"
                : "The pipeline is complete",
       report.c_str());
+  for (const auto& [k, v] : last.result.report_rows)
+    std::printf("%s: %s\n", k.c_str(), v.c_str());
   std::printf("\nChat exchanges about held-out words:\n");
-  for (const auto& s : sft.samples)
+  for (const auto& s : last.samples)
     std::printf(
         "  you:     %s\n  orchard: %s\n  (WordNet: %s)\n",
         s.prompt.c_str(),
@@ -184,16 +257,19 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
         s.reference.c_str());
   const std::string run_flag = p.custom_run.empty() ? "" : " --run " + p.name;
   const char* orchard = program_name().c_str();
+  const char* stage = p.stages.back().name.c_str();
   std::printf(
       "\nContinue:\n"
-      "  %s chat -i sft%s                  chat in the terminal\n"
-      "  %s serve -i sft%s                 web chat on "
+      "  %s chat -i %s%s                  chat in the terminal\n"
+      "  %s serve -i %s%s                 web chat on "
       "http://127.0.0.1:8000 and an OpenAI-compatible API\n"
       "  %s pipeline mid_iterations=N      train further (the stages "
       "after retrain)\n",
       orchard,
+      stage,
       run_flag.c_str(),
       orchard,
+      stage,
       run_flag.c_str(),
       orchard);
   return true;

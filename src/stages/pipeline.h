@@ -1,4 +1,6 @@
-// `orchard pipeline`: tokenizer -> data -> base -> mid -> sft -> report,
+// `orchard pipeline`: tokenizer -> data -> base -> mid -> sft -> rl ->
+// report (rl: GRPO on WordNet's questions, stages/grpo; rl_iterations=0
+// leaves it out),
 // running only what is missing. Each stage runs as `orchard train
 // stage=...` would; a stage whose final checkpoint exists is done, one with
 // any other checkpoint resumes from it.
@@ -15,6 +17,7 @@
 namespace orchard::stages {
 
 struct PipelineStage {
+  std::string name;                   // base, mid, sft, rl
   std::unique_ptr<Settings> settings; // the pipeline's, with its length
   std::string run_dir;
   bool done = false;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orchard::train {
@@ -43,6 +44,9 @@ struct TrainResult {
   // micro-batch at the end; the trained and all parameters.
   std::string output_dir;
   int64_t micro_batch = 0, trainable_parameters = 0, parameters = 0;
+  // Rows a stage adds to its results table (grpo: held-out reward and
+  // success before and after training).
+  std::vector<std::pair<std::string, std::string>> report_rows;
 };
 
 struct TrainerResult;

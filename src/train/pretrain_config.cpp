@@ -122,6 +122,13 @@ const config::Schema& pretrain_schema() {
          .env = "SFT_ITERATIONS",
          .min = 1});
     s.add(
+        {.key = "rl_iterations",
+         .access = field(&C::rl_iterations),
+         .help = "orchard pipeline: GRPO steps of an rl stage after sft, on "
+                 "WordNet's questions (0: none)",
+         .env = "RL_ITERATIONS",
+         .min = 0});
+    s.add(
         {.key = "optimizer",
          .access = field(&C::optimizer),
          .help = "muon for the transformer's matrices with AdamW for the "

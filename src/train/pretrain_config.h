@@ -64,6 +64,9 @@ struct PretrainConfig : train::TrainingConfig {
   // num_iterations, epochs or target_tokens).
   int64_t mid_iterations = 40;
   int64_t sft_iterations = 40;
+  // `orchard pipeline`: GRPO steps of the rl stage on WordNet's questions
+  // after sft (0, the default: no rl stage).
+  int64_t rl_iterations = 0;
 
   // Optimization: three parameter groups (matrices, embedding, lm_head);
   // `optimizer=muon` gives the matrices Muon, the others AdamW; lr (shared)

@@ -108,10 +108,15 @@ std::string results_table(const StageReport& st) {
     row("Throughput",
         fmt("%.0f", m.median_tokens_per_s) + " tokens/s (median step)");
   row("Peak memory", format_bytes(r.peak_memory_bytes));
-  row("Validation loss",
-      fmt("%.4f", r.val_loss) +
-          (r.stage == "sft" ? " (on the answers of held-out conversations)"
-                            : ""));
+  if (r.stage == "grpo")
+    row("Held-out reward", fmt("%.4f", -r.val_loss));
+  else
+    row("Validation loss",
+        fmt("%.4f", r.val_loss) +
+            (r.stage == "sft" ? " (on the answers of held-out conversations)"
+                              : ""));
+  for (const auto& [k, v] : r.report_rows)
+    row(md_line(k), md_line(v));
   if (r.val_bpb > 0)
     row("Bits per byte (validation)", fmt("%.4f", r.val_bpb));
   if (r.train_split_loss > 0)
@@ -311,7 +316,9 @@ std::string system_section(const DeviceInfo& device) {
   return md;
 }
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(
+// With defaults: result.json files written before a field existed still
+// read.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
     TrainResult,
     stage,
     run_dir,
@@ -333,7 +340,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(
     output_dir,
     micro_batch,
     trainable_parameters,
-    parameters)
+    parameters,
+    report_rows)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, prompt, output, reference)
 
 void save_stage_result(const StageReport& st) {
@@ -400,7 +408,9 @@ void write_pipeline_report(
     md += "| " + r.stage + " | " + std::to_string(r.step) + " | " +
         duration(r.train_seconds) + " | " +
         fmt("%.0f", read_run_metrics(r.run_dir).median_tokens_per_s) + " | " +
-        format_bytes(r.peak_memory_bytes) + " | " + fmt("%.4f", r.val_loss) +
+        format_bytes(r.peak_memory_bytes) + " | " +
+        (r.stage == "grpo" ? "reward " + fmt("%.4f", -r.val_loss)
+                           : fmt("%.4f", r.val_loss)) +
         " |\n";
   }
   md += "| total | | " + duration(total) + " | | | |\n\n";

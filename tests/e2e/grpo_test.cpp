@@ -171,10 +171,11 @@ TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   r = with({"reward_weights=[1,2]"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "reward_weights has 2 numbers but there are 3")) << r.err;
-  // The reward process dies in the second generation (after 16 answers):
-  // the run stops with a message and the checkpoints of steps 1 and 2 stay.
+  // The reward process dies in the second generation (after the 8 answers
+  // of the evaluation before training and the first generation's 16): the
+  // run stops with a message and the checkpoints of steps 1 and 2 stay.
   r = with(
-      {"reward_cmd=n=0; while read -r l; do n=$((n+1)); [ $n -gt 16 ] && exit 3; "
+      {"reward_cmd=n=0; while read -r l; do n=$((n+1)); [ $n -gt 24 ] && exit 3; "
        "echo '{\"a\": 1}'; done",
        "run_dir=" + dir.file("dies")});
   EXPECT_NE(r.exit_code, 0);

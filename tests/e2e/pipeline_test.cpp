@@ -257,6 +257,89 @@ TEST(Pipeline, RunsEveryStageReportsAndThenSaysItIsDone) {
   EXPECT_EQ(replies, 2u) << r.out;
 }
 
+// The rl stage, asked for with rl_iterations: GRPO from the sft run on
+// WordNet's questions (here a hand-written corpus where the default one is
+// built).
+TEST(Pipeline, RlStageTrainsFromSftAndReportsBeforeAndAfter) {
+  TinyPipeline t;
+  const char* words[][3] = {
+      {"apple", "noun", "A round fruit."},
+      {"run", "verb", "Move fast on foot."},
+      {"green", "adj", "Of the colour of grass."},
+      {"stone", "noun", "A piece of rock."},
+      {"sing", "verb", "Make musical sounds."},
+      {"quickly", "adv", "With speed."}};
+  std::string train, val;
+  for (int i = 0; i < 30; ++i) {
+    const auto& w = words[i % 6];
+    (i % 5 == 4 ? val : train) +=
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What does '" +
+        std::string(w[0]) +
+        "' mean?\"}, {\"role\": \"assistant\", \"content\": \"'" + w[0] +
+        "' (" + w[1] + "): " + w[2] + "\"}]}\n";
+  }
+  t.dir.write("home/wordnet/chat_train.jsonl", train);
+  t.dir.write("home/wordnet/chat_val.jsonl", val);
+  const std::vector<std::string> lengths = {
+      "num_iterations=4", "mid_iterations=2", "sft_iterations=2",
+      "rl_iterations=3"};
+  auto r = run_orchard(t.args("pipeline", lengths), t.env, t.work());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "rl    runs/rl/d1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "==> Stage rl (GRPO on WordNet's questions)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "Before training: held-out reward")) << r.out;
+  EXPECT_TRUE(contains(r.out, "orchard chat -i rl")) << r.out;
+  auto rl = t.final_state("runs/rl/d1");
+  EXPECT_TRUE(rl["complete"].get<bool>());
+  EXPECT_EQ(rl["stage"], "grpo");
+  EXPECT_EQ(rl["env"], "wordnet");
+  EXPECT_TRUE(contains(
+      rl["init"].get<std::string>(), "runs/sft/d1/checkpoints/step_000002"));
+  EXPECT_EQ(runs::list_checkpoints(t.path("runs/rl/d1")).back().first, 3);
+  // The reports: the held-out reward and the share answered right, before
+  // and after, as numbers.
+  auto combined = read_file(t.path("runs/report-d1.md"));
+  EXPECT_TRUE(contains(combined, "- rl (GRPO on WordNet's questions)"))
+      << combined;
+  EXPECT_TRUE(contains(combined, "| grpo | 3 |")) << combined;
+  EXPECT_TRUE(contains(combined, "| Held-out reward before / after | "))
+      << combined;
+  EXPECT_TRUE(contains(
+      combined,
+      "| Answers naming the word and its part of speech before / after | "))
+      << combined;
+  std::ifstream before_in(t.path("runs/rl/d1/eval_before.json"));
+  auto before = nlohmann::json::parse(before_in);
+  EXPECT_GE(before["reward"].get<double>(), 0.0);
+  EXPECT_GT(before["completions"].get<int>(), 0);
+  // Done: a second run trains nothing and keeps the rows.
+  r = run_orchard(t.args("pipeline", lengths), t.env, t.work());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "done at step 3")) << r.out;
+  EXPECT_FALSE(contains(r.out, "Before training")) << r.out;
+  EXPECT_TRUE(contains(
+      read_file(t.path("runs/report-d1.md")), "Held-out reward before / after"));
+  // sft trains further: rl is stale, kept aside and trained again from it.
+  auto longer = lengths;
+  longer[2] = "sft_iterations=3";
+  r = run_orchard(t.args("pipeline", longer), t.env, t.work());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "trains again after sft")) << r.out;
+  EXPECT_TRUE(contains(
+      t.final_state("runs/rl/d1")["init"].get<std::string>(),
+      "runs/sft/d1/checkpoints/step_000003"));
+  EXPECT_TRUE(fs::exists(t.path("runs/rl/d1.old-1")));
+  // -i rl is the chat model.
+  r = run_orchard(
+      {"chat", "-i", "rl", "-p", "What does 'apple' mean?",
+       "--max-new-tokens", "4", "--verbose"},
+      t.env,
+      t.work());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "runs/rl/d1/checkpoints/step_000003")) << r.err;
+}
+
 TEST(Pipeline, AStageKilledPartWayIsPartialAndResumes) {
   TinyPipeline t;
   // Base first, on its own.
@@ -307,7 +390,7 @@ TEST(Pipeline, ClearErrorsForMissingModelsAndWrongKeys) {
   r = run_orchard(
       {"generate", "-i", "final", "--prompt", "x"}, t.env, t.work());
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(contains(r.err, "the stages are base, mid and sft")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the stages are base, mid, sft and rl")) << r.err;
   r = run_orchard({"chat", "-p", "hi"}, t.env, t.work());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(contains(r.err, "which model?")) << r.err;

@@ -111,6 +111,52 @@ TEST(GrpoRewards, LettersRewardAWordStartingWithTheLetter) {
   EXPECT_EQ(env->default_weights(), (std::vector<double>{1.0, 0.1}));
 }
 
+TEST(GrpoRewards, WordnetRewardsNamingTheWordItsLikenessAndPartOfSpeech) {
+  test::TempDir dir;
+  auto q = [](const std::string& w, const std::string& pos) {
+    return "{\"messages\": [{\"role\": \"user\", \"content\": \"What does '" +
+        w + "' mean?\"}, {\"role\": \"assistant\", \"content\": \"'" + w +
+        "' (" + pos + "): A gloss.\"}]}\n";
+  };
+  dir.write("wordnet/chat_train.jsonl", q("night", "noun") + q("run", "verb"));
+  dir.write(
+      "wordnet/chat_val.jsonl",
+      q("causal agent", "noun") +
+          "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}\n");
+  auto env = grpo::make_environment(
+      {.name = "wordnet", .data_dir = dir.path().string()});
+  ASSERT_EQ(env->train().size(), 2u);
+  ASSERT_EQ(env->held_out().size(), 1u); // the other question is not one
+  const Example& night = env->train()[0];
+  EXPECT_EQ(night.columns.at("word"), "night");
+  EXPECT_EQ(night.columns.at("pos"), "noun");
+  const auto s = env->score(
+      night,
+      {"'night' (noun): The dark.",
+       "  'nacht' (noun): Dark.", // pairs " n" "ht" "t " of 6 and 6: 6/12
+       "'night' (verb): To fall dark.",
+       "The 'night' (noun) is dark.", // not how the answer opens
+       "'night's end' (noun): Dawn.", // a quote inside the name
+       "'night' noun",
+       ""});
+  EXPECT_EQ(s[0], (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(s[1], (std::vector<double>{0, 0.5, 1}));
+  EXPECT_EQ(s[2], (std::vector<double>{1, 1, 0}));
+  EXPECT_EQ(s[3], (std::vector<double>{0, 0, 0}));
+  // "night's end" against "night": of 12 and 6 pairs, 5 shared: 10/18.
+  EXPECT_EQ(s[4][0], 0);
+  EXPECT_NEAR(s[4][1], 10.0 / 18.0, 1e-12);
+  EXPECT_EQ(s[4][2], 1);
+  EXPECT_EQ(s[5], (std::vector<double>{0, 0, 0}));
+  EXPECT_EQ(s[6], (std::vector<double>{0, 0, 0}));
+  EXPECT_EQ(env->default_weights(), (std::vector<double>{1.0, 0.5, 0.5}));
+  // Right: the word and its part of speech, both.
+  EXPECT_TRUE(env->success(s[0]));
+  EXPECT_FALSE(env->success(s[1]));
+  EXPECT_FALSE(env->success(s[2]));
+  EXPECT_FALSE(env->success_label().empty());
+}
+
 std::string reward_error(const std::string& cmd, double timeout = 5) {
   try {
     grpo::RewardProcess p(cmd, timeout);

@@ -115,6 +115,12 @@ class WordleEnv : public Environment {
   std::vector<std::string> reward_names() const override {
     return {"format", "valid_word", "consistent", "information", "solved"};
   }
+  std::string success_label() const override {
+    return "turns solved";
+  }
+  bool success(const std::vector<double>& scores) const override {
+    return scores.at(4) > 0;
+  }
   std::vector<std::vector<double>> score(
       const Example& e,
       const std::vector<std::string>& completions) const override {
@@ -200,6 +206,12 @@ class LettersEnv : public Environment {
   }
   std::vector<double> default_weights() const override {
     return {1.0, 0.1};
+  }
+  std::string success_label() const override {
+    return "words starting with the letter";
+  }
+  bool success(const std::vector<double>& scores) const override {
+    return scores.at(0) > 0;
   }
   std::vector<std::vector<double>> score(
       const Example& e,
@@ -332,6 +344,12 @@ class AnswersEnv : public Environment {
   std::vector<std::string> reward_names() const override {
     return {"exact_answer", "format"};
   }
+  std::string success_label() const override {
+    return "right answers";
+  }
+  bool success(const std::vector<double>& scores) const override {
+    return scores.at(0) > 0;
+  }
   std::vector<std::vector<double>> score(
       const Example& e,
       const std::vector<std::string>& completions) const override {
@@ -373,6 +391,27 @@ class PromptsEnv : public Environment {
 
 // --- wordnet ---------------------------------------------------------------
 
+// Dice's coefficient over the letter pairs of the two words, each padded
+// with a space at both ends so one-letter words and the first and last
+// letters count: 2|A and B| / (|A| + |B|) with pairs counted with
+// multiplicity; 1 for equal words, 0 when no pair is shared.
+double bigram_dice(const std::string& a, const std::string& b) {
+  auto pairs = [](const std::string& w) {
+    std::map<std::string, int> m;
+    const std::string p = " " + w + " ";
+    for (size_t i = 0; i + 1 < p.size(); ++i)
+      ++m[p.substr(i, 2)];
+    return m;
+  };
+  const auto pa = pairs(a), pb = pairs(b);
+  int shared = 0;
+  for (const auto& [k, n] : pa)
+    if (auto it = pb.find(k); it != pb.end())
+      shared += std::min(n, it->second);
+  return 2.0 * shared / double(a.size() + 1 + b.size() + 1);
+}
+
+
 class WordnetEnv : public Environment {
  public:
   explicit WordnetEnv(const std::string& data_dir) {
@@ -393,24 +432,62 @@ class WordnetEnv : public Environment {
         std::to_string(train_.size()) + " training, " +
         std::to_string(held_out_.size()) + " held-out words)";
   }
+  // names_word: the answer opens with the asked word in quotes, as the
+  // corpus's answers do ("'causal agent' (noun): ..."); word_likeness: how
+  // many of the word's letter pairs the quoted name shares (Dice's
+  // coefficient over letter bigrams, 1 for the word itself), the signal a
+  // small model that names some other word still gets; part_of_speech:
+  // the "(noun)" after the name is WordNet's.
   std::vector<std::string> reward_names() const override {
-    return {"names_word", "part_of_speech"};
+    return {"names_word", "word_likeness", "part_of_speech"};
+  }
+  std::vector<double> default_weights() const override {
+    return {1.0, 0.5, 0.5};
+  }
+  std::string success_label() const override {
+    return "answers naming the word and its part of speech";
+  }
+  bool success(const std::vector<double>& scores) const override {
+    return scores.at(0) > 0 && scores.at(2) > 0;
   }
   std::vector<std::vector<double>> score(
       const Example& e,
       const std::vector<std::string>& completions) const override {
     const std::string word = e.columns.at("word");
     const std::string pos = e.columns.at("pos");
-    const std::string named = "'" + word + "'";
     std::vector<std::vector<double>> out;
     for (const auto& c : completions) {
-      const size_t at = c.find(named);
-      const bool names = at != std::string::npos;
-      const bool right_pos = names &&
-          c.compare(at + named.size(), pos.size() + 3, " (" + pos + ")") == 0;
-      out.push_back({names ? 1.0 : 0.0, right_pos ? 1.0 : 0.0});
+      const Named n = named(c);
+      out.push_back(
+          {n.name == word ? 1.0 : 0.0,
+           n.found ? bigram_dice(lower(n.name), lower(word)) : 0.0,
+           n.found && n.pos == pos ? 1.0 : 0.0});
     }
     return out;
+  }
+
+ private:
+  struct Named {
+    bool found = false;
+    std::string name, pos;
+  };
+  // "'NAME' (POS)" at the start of the answer (after spaces); the name may
+  // hold quotes ("'s"), so it ends at the first "' (".
+  static Named named(const std::string& c) {
+    Named n;
+    const size_t open = c.find_first_not_of(" \n\t");
+    if (open == std::string::npos || c[open] != '\'')
+      return n;
+    const size_t close = c.find("' (", open + 1);
+    if (close == std::string::npos)
+      return n;
+    const size_t end = c.find(')', close + 3);
+    if (end == std::string::npos)
+      return n;
+    n.found = true;
+    n.name = c.substr(open + 1, close - open - 1);
+    n.pos = c.substr(close + 3, end - close - 3);
+    return n;
   }
 
  private:

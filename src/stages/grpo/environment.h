@@ -43,6 +43,16 @@ class Environment {
   virtual std::vector<double> default_weights() const {
     return std::vector<double>(reward_names().size(), 1.0);
   }
+  // What counts as answered right, for reports ("solved", "the word and
+  // its part of speech named"); "" when the environment has no such
+  // notion. `success` reads it from one completion's scores.
+  virtual std::string success_label() const {
+    return "";
+  }
+  virtual bool success(const std::vector<double>& scores) const {
+    (void)scores;
+    return false;
+  }
   // Scores of each completion of `example`, in reward_names() order.
   virtual std::vector<std::vector<double>> score(
       const Example& example,

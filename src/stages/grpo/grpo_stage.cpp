@@ -7,19 +7,24 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/progress.h"
 #include "core/version.h"
 #include "models/lora.h"
+#include "runs/checkpoint.h"
 #include "runs/load.h"
+#include "runs/run_folder.h"
 #include "stages/grpo/config.h"
 #include "stages/grpo/learner.h"
 #include "stages/samples.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 namespace orchard::stages {
@@ -210,13 +215,8 @@ LoadedPolicy load_policy(
         cfg.chat_template == "auto" ? "" : cfg.chat_template);
     p.describe = p.llama->config.architecture + " from " + cfg.model;
   } else {
+    // Prompts are cut to what the positions leave (the plan, below).
     p.gpt = runs::load_gpt(cfg.checkpoint, false);
-    if (p.gpt.config.max_seq_len < context)
-      throw UserError(
-          "the model of " + cfg.checkpoint + " reads " +
-          std::to_string(p.gpt.config.max_seq_len) +
-          " positions, fewer than max_prompt_length + max_completion_length "
-          "= " + std::to_string(context) + "; lower them.");
     p.gpt.model->to(dev);
     p.model = p.gpt.model.ptr();
     p.loaded = runs::loaded_from(
@@ -267,6 +267,38 @@ class AdaptersOff {
  private:
   std::vector<std::pair<models::ProjImpl*, double>> saved_;
 };
+
+// The report's rows comparing the held-out evaluation before training
+// (eval_before.json) with the last one; none when either is missing (a
+// run whose first steps came from an older Orchard, or no final
+// evaluation).
+std::vector<std::pair<std::string, std::string>> before_after_rows(
+    const std::string& before_path,
+    const grpo::Evaluation& after,
+    const grpo::Environment& env,
+    int64_t prompts) {
+  std::ifstream in(before_path);
+  const auto before = nlohmann::json::parse(in, nullptr, false);
+  if (!before.is_object() || after.completions == 0)
+    return {};
+  const std::string over = " (" + std::to_string(prompts) +
+      " held-out prompts x " +
+      std::to_string(after.completions / std::max<int64_t>(1, prompts)) +
+      " completions, the same seeds both times)";
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"Held-out reward before / after",
+       fmt("%.4f", before.value("reward", 0.0)) + " / " +
+           fmt("%.4f", after.reward) + over}};
+  if (!env.success_label().empty()) {
+    std::string label = env.success_label();
+    label[0] = char(std::toupper(static_cast<unsigned char>(label[0])));
+    rows.push_back(
+        {label + " before / after",
+         fmt("%.1f", 100 * before.value("success", 0.0)) + " % / " +
+             fmt("%.1f", 100 * after.success) + " %"});
+  }
+  return rows;
+}
 
 class GrpoStage : public Stage {
  public:
@@ -408,6 +440,24 @@ class GrpoStage : public Stage {
             cfg.env;
     result.run_dir =
         !cfg.run_dir.empty() ? cfg.run_dir : "runs/grpo/" + name;
+    // A run trained from an older checkpoint of its starting run is stale
+    // (the pipeline's sft trained further): kept aside and trained anew.
+    if (!cfg.checkpoint.empty() && cfg.resume == "auto") {
+      const auto starts = runs::list_checkpoints(cfg.checkpoint);
+      const std::string init =
+          starts.empty() ? cfg.checkpoint : starts.back().second;
+      const std::string was = runs::trained_from(result.run_dir);
+      if (!was.empty() && !runs::same_folder(was, init)) {
+        const std::string kept = runs::set_aside(result.run_dir);
+        std::printf(
+            "%s was trained from %s, but its starting model is now %s: "
+            "training again from it (the old run is kept in %s).\n",
+            result.run_dir.c_str(),
+            was.c_str(),
+            init.c_str(),
+            kept.c_str());
+      }
+    }
     fs::create_directories(result.run_dir);
     RunLog log(result.run_dir + "/train.log");
     GrpoConfig written = cfg;
@@ -572,8 +622,10 @@ class GrpoStage : public Stage {
     TrainingTask task;
     task.model = pol.model;
     task.micro_step = [&] { return learner.micro_step(B); };
+    grpo::Evaluation last_eval;
     task.evaluate = [&] {
       const grpo::Evaluation ev = learner.evaluate(cfg.eval_prompts);
+      last_eval = ev;
       EvalResult r;
       r.loss = -ev.reward;
       r.metrics.push_back({"eval_reward", ev.reward});
@@ -584,6 +636,11 @@ class GrpoStage : public Stage {
       }
       r.summary = "held-out reward " + fmt("%.4f", ev.reward) + " over " +
           std::to_string(ev.completions) + " completions (" + parts + ")";
+      if (!env->success_label().empty()) {
+        r.metrics.push_back({"eval_success", ev.success});
+        r.summary += "; " + fmt("%.1f", 100 * ev.success) + " % " +
+            env->success_label();
+      }
       return r;
     };
     task.sample = [&](int64_t step) {
@@ -681,12 +738,37 @@ class GrpoStage : public Stage {
           " steps; precision " + precision.name + "; run folder " +
           result.run_dir);
     }
+    // The held-out evaluation before the first step, kept in the run
+    // folder so that the report compares before and after across resumes
+    // (the same prompts and sampling seeds both times).
+    const std::string before_path = result.run_dir + "/eval_before.json";
+    if (start == 0 && start < total) {
+      log("Evaluating " + std::to_string(cfg.eval_prompts) +
+          " held-out prompts before training...");
+      const grpo::Evaluation ev = learner.evaluate(cfg.eval_prompts);
+      atomic_write(
+          before_path,
+          nlohmann::json{
+              {"reward", ev.reward},
+              {"success", ev.success},
+              {"completions", ev.completions}}
+                  .dump() +
+              "\n");
+      log("Before training: held-out reward " + fmt("%.4f", ev.reward) +
+          (env->success_label().empty()
+               ? ""
+               : ", " + fmt("%.1f", 100 * ev.success) + " % " +
+                   env->success_label()));
+    }
     last_step_end = now_s();
     TrainerResult tr = trainer.run();
     copy_trainer_result(tr, result);
     result.total = total;
     if (tr.interrupted)
       return result;
+    result.data_description = env->describe();
+    result.report_rows =
+        before_after_rows(before_path, last_eval, *env, cfg.eval_prompts);
     if (!cfg.model.empty()) {
       if (lora) {
         result.output_dir = result.run_dir + "/adapter";
@@ -709,7 +791,10 @@ class GrpoStage : public Stage {
       for (const auto& s :
            learner.samples(final_samples, uint64_t(cfg.seed) + 99))
         samples_out.push_back(
-            {s.prompt, s.completion, "reward " + fmt("%.3f", s.reward)});
+            {s.prompt,
+             s.completion,
+             (s.reference.empty() ? "" : s.reference + " ") + "(reward " +
+                 fmt("%.3f", s.reward) + ")"});
     }
     return result;
   }

@@ -521,11 +521,13 @@ Evaluation Learner::evaluate(int64_t prompts) {
       for (size_t k = 0; k < s.scores[r].size(); ++k)
         sums[k] += s.scores[r][k];
       total += s.totals[r];
+      ev.success += env_.success(s.scores[r]) ? 1.0 : 0.0;
       ++ev.completions;
     }
   }
   const auto names = reward_names();
   ev.reward = total / double(std::max<int64_t>(1, ev.completions));
+  ev.success /= double(std::max<int64_t>(1, ev.completions));
   for (size_t k = 0; k < sums.size() && k < names.size(); ++k)
     ev.per_function.push_back(
         {names[k], sums[k] / double(std::max<int64_t>(1, ev.completions))});
@@ -547,7 +549,13 @@ std::vector<Learner::Sample> Learner::samples(int count, uint64_t seed) {
     const std::string prompt = prompter_->chat()
         ? e.messages.back().value("content", "")
         : e.raw;
-    out.push_back({prompt, prompter_->text(s.completions[i]), s.totals[i]});
+    const auto ref = e.columns.find("reference");
+    out.push_back(
+        {prompt,
+         prompter_->text(s.completions[i]),
+         s.totals[i],
+         ref != e.columns.end() && ref->is_string() ? ref->get<std::string>()
+                                                    : ""});
   }
   return out;
 }

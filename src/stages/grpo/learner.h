@@ -104,6 +104,9 @@ struct Evaluation {
   double reward = 0; // mean weighted total
   std::vector<std::pair<std::string, double>> per_function;
   int64_t completions = 0;
+  // The share of completions the environment counts as right (0 when it
+  // has no such notion: success_label() is "").
+  double success = 0;
 };
 
 class Learner {
@@ -149,6 +152,7 @@ class Learner {
   struct Sample {
     std::string prompt, completion;
     double reward = 0;
+    std::string reference; // the example's "reference" column, if any
   };
   std::vector<Sample> samples(int count, uint64_t seed);
 
