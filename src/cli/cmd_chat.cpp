@@ -102,7 +102,7 @@ Command register_chat(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--seed", st->sampling.seed, "random seed")
       ->capture_default_str();
-  add_sampling_device_flag(app, st->sampling);
+  add_sampling_extra_flags(app, st->sampling);
   app->add_flag(
       "--verbose",
       st->verbose,

@@ -40,7 +40,7 @@ Command register_eval(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--temperature", st->sampling.temperature, "0 = greedy")
       ->capture_default_str();
-  add_sampling_device_flag(app, st->sampling);
+  add_sampling_extra_flags(app, st->sampling);
   add_device_flags(app, st->device, /*allow_assume=*/false);
   return {app, [st] {
             std::string env = "wordle", words;

@@ -41,7 +41,7 @@ Command register_generate(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--seed", st->sampling.seed, "random seed")
       ->capture_default_str();
-  add_sampling_device_flag(app, st->sampling);
+  add_sampling_extra_flags(app, st->sampling);
   app->add_flag(
       "--interactive",
       st->interactive,

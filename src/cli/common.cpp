@@ -142,7 +142,17 @@ void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
       ->check(CLI::IsMember({"llama3", "chatml", "mistral", "orchard"}));
 }
 
-void add_sampling_device_flag(CLI::App* app, infer::SamplingOptions& opt) {
+void add_sampling_extra_flags(CLI::App* app, infer::SamplingOptions& opt) {
+  app->add_option(
+         "--min-p",
+         opt.min_p,
+         "drop tokens less likely than this times the likeliest (0: off)")
+      ->capture_default_str();
+  app->add_option(
+         "--repetition-penalty",
+         opt.repetition_penalty,
+         "divide the logits of tokens already in the text (1: off)")
+      ->capture_default_str();
   app->add_option(
          "--sampling-device",
          opt.sampling_device,

@@ -52,9 +52,9 @@ using ModelFlags = runs::ModelSource;
 void add_model_flags(CLI::App* app, ModelFlags& flags);
 // --chat-template, for the commands that render conversations.
 void add_chat_template_flag(CLI::App* app, ModelFlags& flags);
-// --sampling-device auto|cpu|device (infer/sampling.h), for the commands
-// that generate.
-void add_sampling_device_flag(CLI::App* app, infer::SamplingOptions& opt);
+// --min-p, --repetition-penalty and --sampling-device auto|cpu|device
+// (infer/sampling.h), for the commands that generate.
+void add_sampling_extra_flags(CLI::App* app, infer::SamplingOptions& opt);
 // runs::load_model, printing what was loaded.
 runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& device);
 

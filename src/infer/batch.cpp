@@ -151,7 +151,7 @@ void BatchEngine::admit(std::shared_ptr<BatchRequest> r) {
   slot->request = r;
   torch::NoGradGuard no_grad;
   const int64_t row = int64_t(slots_.size());
-  sampler_.add_row(r->options);
+  sampler_.add_row(r->options, r->prompt);
   try {
     models::KvCache kv;
     auto ids =

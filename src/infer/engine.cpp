@@ -104,7 +104,8 @@ std::vector<int64_t> generate_without_cache(
   while (int64_t(out.size()) < opt.max_new_tokens &&
          int64_t(seq.size()) < max_len) {
     auto logits = model.forward(id_tensor(seq, 0, device));
-    int64_t next = sample_token(logits[0][logits.size(1) - 1], opt, gen);
+    int64_t next =
+        sample_token(logits[0][logits.size(1) - 1], opt, gen, seq);
     seq.push_back(next);
     out.push_back(next);
     if ((on_token && !on_token(next)) || is_stop(opt, next))
@@ -129,7 +130,7 @@ std::vector<int64_t> Engine::generate(
   const int64_t P = int64_t(prompt.size());
   const int64_t most = std::min(opt.max_new_tokens, max_len - P);
   Sampler sampler(device_);
-  sampler.add_row(opt);
+  sampler.add_row(opt, prompt);
   double t0 = now_s();
   models::KvCache kv;
   auto logits = model_->forward(id_tensor(prompt, 0, device_), &kv);
@@ -206,7 +207,7 @@ BatchGeneration Engine::generate_batch(
   for (int64_t r = 0; r < R; ++r) {
     SamplingOptions o = opt;
     o.seed = opt.seed + uint64_t(r);
-    sampler.add_row(o);
+    sampler.add_row(o, prompts[size_t(r / samples)]);
     const int64_t P = int64_t(prompts[size_t(r / samples)].size());
     start[size_t(r)] = P;
     limit[size_t(r)] = std::min(opt.max_new_tokens, max_len - P);

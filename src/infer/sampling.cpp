@@ -17,6 +17,12 @@ std::string sampling_problem(const SamplingOptions& o) {
       o.sampling_device != "device")
     return "--sampling-device is auto, cpu or device (not '" +
         o.sampling_device + "').";
+  if (!(o.min_p >= 0 && o.min_p <= 1))
+    return "--min-p must be in [0, 1] (0: off).";
+  if (!(o.repetition_penalty > 0 && o.repetition_penalty <= kMaxPenalty))
+    return "--repetition-penalty must be in (0, " +
+        std::to_string(int(kMaxPenalty)) +
+        "] (1: off; above 1 discourages repeats).";
   if (o.temperature >= 0 && o.temperature <= kMaxTemperature && o.top_p > 0 &&
       o.top_p <= 1 && o.top_k >= 0 && o.top_k <= kMaxTopK &&
       o.max_new_tokens >= 1)
@@ -35,11 +41,27 @@ bool samples_on_device(const SamplingOptions& opt, const torch::Device& d) {
   return !d.is_cpu();
 }
 
+torch::Tensor penalize_repetition(
+    const torch::Tensor& logits,
+    const torch::Tensor& seen,
+    const torch::Tensor& penalty) {
+  auto penalized =
+      torch::where(logits > 0, logits / penalty, logits * penalty);
+  return torch::where(seen, penalized, logits);
+}
+
 int64_t sample_token(
     const torch::Tensor& logits_in,
     const SamplingOptions& opt,
-    torch::Generator& gen) {
+    torch::Generator& gen,
+    const std::vector<int64_t>& seen) {
   auto logits = logits_in.to(torch::kCPU, torch::kFloat32).view({-1});
+  if (opt.repetition_penalty != 1.0 && !seen.empty()) {
+    auto mask = torch::zeros({logits.size(0)}, torch::kBool);
+    mask.index_fill_(0, torch::tensor(seen, torch::kInt64), true);
+    logits = penalize_repetition(
+        logits, mask, torch::full({1}, float(opt.repetition_penalty)));
+  }
   if (is_greedy(opt))
     return logits.argmax().item<int64_t>();
   logits = logits / opt.temperature;
@@ -56,6 +78,8 @@ int64_t sample_token(
     sorted = sorted.masked_fill(before >= opt.top_p, 0.0); // keeps at least one
     probs = torch::zeros_like(probs).scatter(0, order, sorted);
   }
+  if (opt.min_p > 0) // keeps the likeliest token
+    probs = probs.masked_fill(probs < opt.min_p * probs.max(), 0.0);
   return torch::multinomial(probs, 1, /*replacement=*/false, gen)
       .item<int64_t>();
 }
@@ -72,23 +96,68 @@ torch::Generator make_generator(const torch::Device& d, uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
-void Sampler::add_row(const SamplingOptions& opt) {
+namespace {
+
+// Rows (n, V) marking the tokens of each context.
+torch::Tensor seen_rows(
+    const std::vector<const std::vector<int64_t>*>& contexts,
+    int64_t V,
+    const torch::Device& device) {
+  auto m = torch::zeros({int64_t(contexts.size()), V}, torch::kBool);
+  for (size_t r = 0; r < contexts.size(); ++r)
+    if (!contexts[r]->empty())
+      m[int64_t(r)].index_fill_(
+          0, torch::tensor(*contexts[r], torch::kInt64).clamp(0, V - 1), true);
+  return m.to(device);
+}
+
+} // namespace
+
+void Sampler::add_row(
+    const SamplingOptions& opt,
+    const std::vector<int64_t>& context) {
   if (rows_.empty())
     on_device_ = samples_on_device(opt, device_);
   // The device sampler draws on CUDA and the CPU with the device's own
   // generator; elsewhere (MPS) from a CPU generator, copied over.
   const bool own = on_device_ && (device_.is_cuda() || device_.is_cpu());
+  const bool penalty = opt.repetition_penalty != 1.0;
   rows_.push_back(
       {opt,
-       make_generator(own ? device_ : torch::Device(torch::kCPU), opt.seed)});
+       make_generator(own ? device_ : torch::Device(torch::kCPU), opt.seed),
+       penalty ? context : std::vector<int64_t>{}});
+  any_penalty_ = any_penalty_ || penalty;
+  if (seen_.defined()) { // made already: the new row joins it
+    seen_ = torch::cat(
+        {seen_,
+         seen_rows({&rows_.back().context}, seen_.size(1), seen_.device())});
+    rows_.back().context.clear();
+  }
   dirty_ = true;
 }
 
 void Sampler::remove_row(int64_t row) {
-  if (row != int64_t(rows_.size()) - 1)
+  const int64_t last = int64_t(rows_.size()) - 1;
+  if (row != last)
     rows_[size_t(row)] = std::move(rows_.back());
   rows_.pop_back();
+  if (seen_.defined()) {
+    if (row != last)
+      seen_[row].copy_(seen_[last]);
+    seen_ = seen_.narrow(0, 0, last).clone();
+  }
   dirty_ = true;
+}
+
+void Sampler::mark_seen(const torch::Tensor& logits) {
+  if (seen_.defined())
+    return;
+  std::vector<const std::vector<int64_t>*> contexts;
+  for (auto& row : rows_)
+    contexts.push_back(&row.context);
+  seen_ = seen_rows(contexts, logits.size(1), logits.device());
+  for (auto& row : rows_)
+    row.context.clear();
 }
 
 torch::Tensor Sampler::sample(
@@ -100,10 +169,21 @@ torch::Tensor Sampler::sample(
     throw std::invalid_argument("[Sampler::sample] rows out of range");
   torch::NoGradGuard no_grad;
   torch::Tensor tokens;
+  torch::Tensor x = logits;
+  if (any_penalty_) {
+    mark_seen(logits);
+    if (dirty_ || columns_rows_ != rows() ||
+        penalties_.device() != logits.device())
+      refresh_columns();
+    x = penalize_repetition(
+        logits.to(torch::kFloat32),
+        seen_.narrow(0, first, n),
+        penalties_.narrow(0, first, n));
+  }
   if (on_device_) {
-    tokens = sample_on_device(logits, first);
+    tokens = sample_on_device(x, first);
   } else {
-    auto cpu = logits.to(torch::kCPU, torch::kFloat32);
+    auto cpu = x.to(torch::kCPU, torch::kFloat32);
     std::vector<int64_t> picked(size_t(n), 0);
     for (int64_t r = 0; r < n; ++r) {
       Row& row = rows_[size_t(first + r)];
@@ -111,6 +191,8 @@ torch::Tensor Sampler::sample(
     }
     tokens = torch::tensor(picked, torch::kInt64).to(logits.device());
   }
+  if (any_penalty_) // the drawn tokens are seen from now on
+    seen_.narrow(0, first, n).scatter_(1, tokens.view({n, 1}), true);
   if (logprobs)
     *logprobs = torch::log_softmax(logits.to(torch::kFloat32), -1)
                     .gather(1, tokens.view({n, 1}))
@@ -121,7 +203,7 @@ torch::Tensor Sampler::sample(
 void Sampler::refresh_columns() {
   // Rebuilt only when rows change: a copy from the host would wait for
   // the device's queued work.
-  std::vector<float> temps, ps;
+  std::vector<float> temps, ps, min_ps, penalties;
   std::vector<int64_t> ks;
   std::vector<uint8_t> greedy;
   for (const Row& row : rows_) {
@@ -130,6 +212,8 @@ void Sampler::refresh_columns() {
     temps.push_back(is_greedy(o) ? 1.0f : float(o.temperature));
     ks.push_back(std::max<int64_t>(0, o.top_k));
     ps.push_back(o.top_p < 1 ? float(o.top_p) : 2.0f); // 2: never cuts
+    min_ps.push_back(float(o.min_p));
+    penalties.push_back(float(o.repetition_penalty));
   }
   const int64_t n = rows();
   auto column = [&](const auto& v, torch::ScalarType t) {
@@ -143,6 +227,8 @@ void Sampler::refresh_columns() {
   temps_ = column(temps, torch::kFloat32);
   ks_ = column(ks, torch::kInt64);
   ps_ = column(ps, torch::kFloat32);
+  min_ps_ = column(min_ps, torch::kFloat32);
+  penalties_ = column(penalties, torch::kFloat32);
   greedy_ = column(greedy, torch::kUInt8).view({n}).to(torch::kBool);
   columns_rows_ = n;
   dirty_ = false;
@@ -154,7 +240,7 @@ torch::Tensor Sampler::sample_on_device(
   const int64_t n = logits.size(0), V = logits.size(1);
   auto x = logits.to(torch::kFloat32);
   auto greedy = x.argmax(-1);
-  bool all_greedy = true, any_k = false, any_p = false;
+  bool all_greedy = true, any_k = false, any_p = false, any_min_p = false;
   int64_t kmax = 0;
   for (int64_t r = 0; r < n; ++r) {
     const SamplingOptions& o = rows_[size_t(first + r)].opt;
@@ -166,6 +252,7 @@ torch::Tensor Sampler::sample_on_device(
       kmax = std::max(kmax, o.top_k);
     }
     any_p = any_p || o.top_p < 1;
+    any_min_p = any_min_p || o.min_p > 0;
   }
   if (all_greedy)
     return greedy;
@@ -191,6 +278,9 @@ torch::Tensor Sampler::sample_on_device(
     sorted = sorted.masked_fill(before >= cols(ps_), 0.0);
     probs = torch::zeros_like(probs).scatter(1, order, sorted);
   }
+  if (any_min_p) // keeps each row's likeliest token
+    probs = probs.masked_fill(
+        probs < cols(min_ps_) * std::get<0>(probs.max(-1, true)), 0.0);
   // E ~ Exp(1) per token from each row's generator; argmax(p / E) is a
   // draw from p. E is kept above zero so a zero-probability token never
   // wins by 0 / 0.

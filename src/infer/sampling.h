@@ -1,5 +1,10 @@
 // Choosing the next token from logits: greedy, temperature, top-k, top-p,
-// from a generator seeded per sequence.
+// min-p and a repetition penalty, from a generator seeded per sequence.
+// The order is transformers': the repetition penalty on the raw logits
+// (CTRL's: a logit of a token already in the sequence, prompt included, is
+// divided by the penalty when positive and multiplied by it when
+// negative), then temperature, top-k, top-p, and min-p (tokens whose
+// probability is below min_p times the likeliest one's are dropped).
 //
 // Two samplers with the same distribution:
 // - on the CPU (sample_token): the logits are copied to the host and drawn
@@ -27,6 +32,8 @@ struct SamplingOptions {
   double temperature = 0.8; // 0: greedy
   int64_t top_k = 50;       // 0: off
   double top_p = 1.0;       // 1: off
+  double min_p = 0.0;       // 0: off
+  double repetition_penalty = 1.0; // 1: off
   uint64_t seed = 42;
   std::vector<int64_t> stop_tokens;     // generation ends after one of these
   std::string sampling_device = "auto"; // auto | cpu | device
@@ -37,6 +44,7 @@ struct SamplingOptions {
 // least one new token.
 constexpr double kMaxTemperature = 2.0;
 constexpr int64_t kMaxTopK = int64_t(1) << 20;
+constexpr double kMaxPenalty = 10.0;
 // Temperatures below this sample greedily. At 1e-6 two logits 1e-4 apart
 // already differ in probability by e^-100, under float32's smallest
 // normal number, so sampling is the argmax anyway; and far below it
@@ -55,11 +63,19 @@ std::string sampling_problem(const SamplingOptions& opt);
 bool samples_on_device(const SamplingOptions& opt, const torch::Device& device);
 
 // Index of the next token from float logits (V,), per the options, on the
-// CPU.
+// CPU; `seen` holds the sequence so far for the repetition penalty.
 int64_t sample_token(
     const torch::Tensor& logits,
     const SamplingOptions& opt,
-    torch::Generator& gen);
+    torch::Generator& gen,
+    const std::vector<int64_t>& seen = {});
+
+// CTRL's repetition penalty on logits (n, V) for the tokens marked in
+// `seen` (n, V, bool), with each row's penalty in `penalty` (n, 1).
+torch::Tensor penalize_repetition(
+    const torch::Tensor& logits,
+    const torch::Tensor& seen,
+    const torch::Tensor& penalty);
 
 // A generator for `device` (CUDA's own; the CPU's elsewhere) seeded with
 // `seed`.
@@ -72,8 +88,11 @@ class Sampler {
  public:
   explicit Sampler(torch::Device device) : device_(device) {}
   // A new last row; its generator is seeded with opt.seed. All rows share
-  // one mode: the first row's samples_on_device().
-  void add_row(const SamplingOptions& opt);
+  // one mode: the first row's samples_on_device(). `context` is the
+  // prompt, which the repetition penalty counts as seen.
+  void add_row(
+      const SamplingOptions& opt,
+      const std::vector<int64_t>& context = {});
   void remove_row(int64_t row);
   int64_t rows() const {
     return int64_t(rows_.size());
@@ -96,15 +115,23 @@ class Sampler {
   struct Row {
     SamplingOptions opt;
     torch::Generator gen;
+    std::vector<int64_t> context; // until the seen mask is made
   };
+  // The repetition penalty's mask (rows, V) on the logits' device: made at
+  // the first sample with a penalty, then updated with each drawn token
+  // (no host synchronisation).
+  void mark_seen(const torch::Tensor& logits);
+  bool any_penalty_ = false;
+  torch::Tensor seen_;
   torch::Tensor sample_on_device(const torch::Tensor& logits, int64_t first);
   void refresh_columns();
   torch::Device device_;
   std::vector<Row> rows_;
   bool on_device_ = false;
   // Every row's options as device columns (n, 1): temperature (1 for
-  // greedy rows), top_k, top_p (2 when off), and whether the row is greedy.
-  torch::Tensor temps_, ks_, ps_, greedy_;
+  // greedy rows), top_k, top_p (2 when off), min_p (0 when off), the
+  // repetition penalty, and whether the row is greedy.
+  torch::Tensor temps_, ks_, ps_, min_ps_, penalties_, greedy_;
   int64_t columns_rows_ = 0;
   bool dirty_ = true;
 };

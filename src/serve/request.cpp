@@ -60,6 +60,8 @@ infer::SamplingOptions sampling_of(
   };
   number("temperature", 0, infer::kMaxTemperature, s.temperature);
   number("top_p", 1e-9, 1, s.top_p);
+  number("min_p", 0, 1, s.min_p);
+  number("repetition_penalty", 1e-9, infer::kMaxPenalty, s.repetition_penalty);
   integer("top_k", 0, infer::kMaxTopK, s.top_k);
   integer("max_tokens", 1, opt.max_tokens_limit, s.max_new_tokens);
   integer("max_completion_tokens", 1, opt.max_tokens_limit, s.max_new_tokens);

@@ -60,6 +60,8 @@ std::vector<std::string> grpo_args(const TempDir& dir, const std::string& run) {
           "gradient_accumulation_steps=2",
           "steps_per_generation=4", // a generation feeds two steps
           "max_completion_length=10",
+          "min_p=0.02",             // the sampler's filters, through resume
+          "repetition_penalty=1.2",
           "max_steps=6",
           "save_steps=1",
           "save_total_limit=0",
@@ -150,9 +152,12 @@ TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "not a multiple of num_generations=4")) << r.err;
   EXPECT_TRUE(contains(r.err, "4 or 8")) << r.err;
-  r = with({"min_p=0.1"});
+  r = with({"min_p=1.5"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "min_p")) << r.err;
+  r = with({"repetition_penalty=0"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "repetition_penalty")) << r.err;
   r = with({"env=prompts", "reward_cmd="});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "reward_cmd")) << r.err;

@@ -79,6 +79,77 @@ TEST(Decode, DeviceSamplerDrawsFromTheSoftmax) {
   EXPECT_NEAR(frequencies(logits, o, 50)[1], 1.0, 1e-9);
 }
 
+// min_p drops tokens below min_p x the likeliest one's probability, on both
+// samplers: probabilities of {0, 2, 1.5, 1} are 1 : 7.39 : 4.48 : 2.72, so
+// min_p 0.5 (cut at 3.69) keeps tokens 1 and 2, renormalised.
+TEST(Decode, MinPKeepsTokensNearTheLikeliest) {
+  auto logits = torch::tensor({0.f, 2.f, 1.5f, 1.f});
+  SamplingOptions o;
+  o.top_k = 0;
+  o.temperature = 1;
+  o.min_p = 0.5;
+  const double keep1 = std::exp(2.0) / (std::exp(2.0) + std::exp(1.5));
+  auto got = frequencies(logits, o, 20000);
+  EXPECT_EQ(got[0] + got[3], 0.0);
+  EXPECT_NEAR(got[1], keep1, 0.015);
+  std::vector<double> cpu(4, 0.0);
+  auto gen = make_generator(torch::kCPU, 5);
+  for (int i = 0; i < 20000; ++i)
+    cpu[size_t(sample_token(logits, o, gen))] += 1.0 / 20000;
+  EXPECT_EQ(cpu[0] + cpu[3], 0.0);
+  EXPECT_NEAR(cpu[1], keep1, 0.015);
+  // min_p 1: only the likeliest.
+  o.min_p = 1;
+  EXPECT_NEAR(frequencies(logits, o, 50)[1], 1.0, 1e-9);
+}
+
+// The repetition penalty: a seen token's logit is divided by the penalty
+// when positive and multiplied when negative; the prompt counts as seen,
+// and so does every drawn token, row by row, also after rows are removed.
+TEST(Decode, RepetitionPenaltyCountsThePromptAndEachDrawnToken) {
+  auto z = torch::tensor({{-1.f, 0.5f, 0.2f, 3.f}});
+  auto seen = torch::tensor({{true, true, false, false}});
+  auto p = penalize_repetition(z, seen, torch::full({1, 1}, 2.f));
+  EXPECT_TRUE(torch::equal(p, torch::tensor({{-2.f, 0.25f, 0.2f, 3.f}})));
+  // Greedy over {2, 1.9, 1.8, 1.7, 0} with penalty 4: each pick is
+  // penalised next, so the argmax walks down the list; token 0 was in the
+  // prompt, so it is skipped from the start.
+  auto logits = torch::tensor({{2.f, 1.9f, 1.8f, 1.7f, 0.f}}).expand({3, 5});
+  for (const char* where : {"cpu", "device"}) {
+    SamplingOptions g;
+    g.temperature = 0;
+    g.repetition_penalty = 4;
+    g.sampling_device = where;
+    SamplingOptions plain = g;
+    plain.repetition_penalty = 1;
+    Sampler s(torch::kCPU);
+    s.add_row(plain, {1}); // A
+    s.add_row(g, {0});     // B: its prompt holds token 0
+    s.add_row(g, {});      // C
+    auto t = s.sample(logits);
+    EXPECT_EQ(t[0].item<int64_t>(), 0) << where; // A: no penalty
+    EXPECT_EQ(t[1].item<int64_t>(), 1) << where;
+    EXPECT_EQ(t[2].item<int64_t>(), 0) << where;
+    s.remove_row(0); // C moves to row 0 with what it has seen
+    s.add_row(plain, {});
+    std::vector<int64_t> b = {1}, c = {0};
+    for (int i = 0; i < 2; ++i) {
+      t = s.sample(logits);
+      c.push_back(t[0].item<int64_t>());
+      b.push_back(t[1].item<int64_t>());
+      EXPECT_EQ(t[2].item<int64_t>(), 0) << where;
+    }
+    EXPECT_EQ(b, (std::vector<int64_t>{1, 2, 3})) << where;
+    EXPECT_EQ(c, (std::vector<int64_t>{0, 1, 2})) << where;
+  }
+  // The CPU sampler's sequence argument, as the reference path uses it.
+  SamplingOptions g;
+  g.temperature = 0;
+  g.repetition_penalty = 4;
+  auto gen = make_generator(torch::kCPU, 1);
+  EXPECT_EQ(sample_token(logits[0], g, gen, {0, 1}), 2);
+}
+
 // A row's tokens depend on its seed alone, not on the rows beside it; a
 // greedy row beside a sampled one stays the argmax; rows removed from the
 // middle leave the others' streams intact.

@@ -145,14 +145,17 @@ const config::Schema& grpo_schema() {
     s.add(
         {.key = "min_p",
          .access = field(&C::min_p),
-         .help = "TRL's min_p; only 0 (off) is supported",
+         .help = "drop tokens less likely than min_p x the likeliest (0: "
+                 "off)",
          .min = 0,
          .max = 1});
     s.add(
         {.key = "repetition_penalty",
          .access = field(&C::repetition_penalty),
-         .help = "TRL's repetition_penalty; only 1.0 (off) is supported",
-         .min = 0});
+         .help = "CTRL's penalty on tokens already in the prompt or "
+                 "completion (1.0: off)",
+         .min = 0.01,
+         .max = 10});
     s.add(
         {.key = "generation_batch_size",
          .access = field(&C::generation_batch_size),
@@ -259,15 +262,6 @@ int64_t grpo_generation_batch(const GrpoConfig& cfg) {
 }
 
 GrpoShape grpo_shape(const GrpoConfig& cfg, int64_t micro_batch) {
-  if (cfg.min_p != 0.0)
-    throw UserError(
-        "min_p=" + std::to_string(cfg.min_p) +
-        " is not supported by Orchard's samplers yet; use top_p or top_k, "
-        "or leave min_p at 0.");
-  if (cfg.repetition_penalty != 1.0)
-    throw UserError(
-        "repetition_penalty=" + std::to_string(cfg.repetition_penalty) +
-        " is not supported by Orchard's samplers yet; leave it at 1.0.");
   GrpoShape s;
   s.rows_per_step = grpo_rows_per_step(cfg);
   s.generation_batch = grpo_generation_batch(cfg);

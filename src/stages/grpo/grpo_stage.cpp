@@ -556,6 +556,8 @@ class GrpoStage : public Stage {
         cfg.policy_iterations > 1 || shape.generation_batch > shape.rows_per_step;
     lo.temperature = cfg.temperature;
     lo.top_p = cfg.top_p;
+    lo.min_p = cfg.min_p;
+    lo.repetition_penalty = cfg.repetition_penalty;
     lo.top_k = cfg.top_k;
     lo.sampling_device = cfg.sampling_device;
     lo.scale = scale;

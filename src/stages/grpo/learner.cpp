@@ -162,6 +162,8 @@ Learner::Scored Learner::rollout(
   so.temperature = opt_.temperature;
   so.top_k = opt_.top_k;
   so.top_p = opt_.top_p;
+  so.min_p = opt_.min_p;
+  so.repetition_penalty = opt_.repetition_penalty;
   so.seed = seed;
   so.stop_tokens = prompter_->stops();
   so.sampling_device = opt_.sampling_device;

@@ -73,6 +73,8 @@ struct LearnerOptions {
   bool keep_old_logps = false;
   double temperature = 1.0;
   double top_p = 1.0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
   int64_t top_k = 0;
   std::string sampling_device = "auto";
   ScaleRewards scale = ScaleRewards::group;
