@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include <cctype>
@@ -167,9 +169,10 @@ TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   r = with({"data=[" + dir.file("sums.jsonl") + "," + dir.file("sums.jsonl") + "]"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "reads one data file")) << r.err;
-  r = with({"data=" + dir.file("missing.jsonl")});
+  r = with({"data=" + dir.file("missing.jsonl"), "run_dir=" + dir.file("nodata")});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "cannot read data file")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("nodata"))); // no empty run folder left
   r = with({"num_generation=4"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "num_generations")) << r.err;

@@ -440,6 +440,17 @@ class GrpoStage : public Stage {
             cfg.env;
     result.run_dir =
         !cfg.run_dir.empty() ? cfg.run_dir : "runs/grpo/" + name;
+    if (cfg.data.size() > 1)
+      throw UserError(
+          "stage=grpo reads one data file; give data=FILE (merge the others "
+          "into it).");
+    // The environment: bad data fails before a run folder is made.
+    auto env = grpo::make_environment(
+        {.name = cfg.env,
+         .data = cfg.data.empty() ? "" : cfg.data.front(),
+         .words = cfg.words,
+         .data_dir = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir,
+         .seed = uint64_t(cfg.seed)});
     // A run trained from an older checkpoint of its starting run is stale
     // (the pipeline's sft trained further): kept aside and trained anew.
     if (!cfg.checkpoint.empty() && cfg.resume == "auto") {
@@ -464,17 +475,7 @@ class GrpoStage : public Stage {
     config::write_yaml(
         result.run_dir + "/config.yaml", grpo::grpo_schema(), &written, origins);
 
-    if (cfg.data.size() > 1)
-      throw UserError(
-          "stage=grpo reads one data file; give data=FILE (merge the others "
-          "into it).");
-    // The environment and reward_cmd.
-    auto env = grpo::make_environment(
-        {.name = cfg.env,
-         .data = cfg.data.empty() ? "" : cfg.data.front(),
-         .words = cfg.words,
-         .data_dir = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir,
-         .seed = uint64_t(cfg.seed)});
+    // reward_cmd.
     std::unique_ptr<grpo::RewardProcess> reward_process;
     if (!cfg.reward_cmd.empty())
       reward_process = std::make_unique<grpo::RewardProcess>(
