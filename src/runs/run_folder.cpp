@@ -100,6 +100,19 @@ bool same_folder(const std::string& a, const std::string& b) {
   return ca == cb;
 }
 
+std::string set_aside_if_stale(
+    const std::string& run_dir,
+    const std::string& init,
+    const std::string& stage) {
+  const std::string was = trained_from(run_dir);
+  if (was.empty() || same_folder(was, init))
+    return "";
+  const std::string kept = set_aside(run_dir);
+  return run_dir + " was trained from " + was +
+      ", but its starting model is now " + init + ": training " + stage +
+      " again from it (the old run is kept in " + kept + ").";
+}
+
 std::string set_aside(const std::string& run_dir) {
   std::string base = fs::path(run_dir).lexically_normal().string();
   while (!base.empty() && base.back() == '/')

@@ -40,6 +40,15 @@ bool same_folder(const std::string& a, const std::string& b);
 // that name: a stale run is kept, never deleted.
 std::string set_aside(const std::string& run_dir);
 
+// A run trained from another starting model than `init` is stale:
+// continuing it would mix two parents. Sets it aside and returns the
+// message saying so ("" when the run is not stale; `stage` names what
+// trains again).
+std::string set_aside_if_stale(
+    const std::string& run_dir,
+    const std::string& init,
+    const std::string& stage);
+
 // A folder's own name ("Llama-3.2-3B" for "models/Llama-3.2-3B/").
 std::string folder_name(const std::string& path);
 

@@ -389,19 +389,12 @@ TrainResult run_training(
       ? cfg.run_dir
       : runs::stage_run_dir(cfg.stage, cfg.run.empty() ? mc.tag() : cfg.run);
   // A run trained from an older version of its starting model is stale:
-  // continuing it would mix two parents. It is kept aside and trained anew.
-  if (init && cfg.resume == "auto") {
-    const std::string was = runs::trained_from(result.run_dir);
-    if (!was.empty() && !runs::same_folder(was, result.init_dir)) {
-      const std::string kept = runs::set_aside(result.run_dir);
-      say_early(
-          result.run_dir + " was trained from " + was +
-          ", but its starting "
-          "model is now " +
-          result.init_dir + ": training " + cfg.stage +
-          " again from it (the old run is kept in " + kept + ").");
-    }
-  }
+  // it is kept aside and trained anew.
+  if (init && cfg.resume == "auto")
+    if (auto moved = runs::set_aside_if_stale(
+            result.run_dir, result.init_dir, cfg.stage);
+        !moved.empty())
+      say_early(moved);
   fs::create_directories(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
 

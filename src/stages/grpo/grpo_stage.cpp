@@ -16,6 +16,7 @@
 #include "runs/run_folder.h"
 #include "stages/grpo/config.h"
 #include "stages/grpo/learner.h"
+#include "stages/grpo/plan.h"
 #include "stages/samples.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
@@ -32,12 +33,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using grpo::GrpoConfig;
-
-std::string finetune_kind(const GrpoConfig& cfg) {
-  if (cfg.finetune != "auto")
-    return cfg.finetune;
-  return cfg.checkpoint.empty() ? "lora" : "full";
-}
+using grpo::finetune_kind;
+using grpo::grpo_dtype;
+using grpo::GrpoPlanRows;
+using grpo::plan_rows;
+using grpo::plan_table;
 
 void check_source(const GrpoConfig& cfg) {
   if (cfg.model.empty() == cfg.checkpoint.empty())
@@ -58,125 +58,6 @@ void check_source(const GrpoConfig& cfg) {
         "load_in_4bit.");
   if (!cfg.adapter.empty() && finetune_kind(cfg) != "lora")
     throw UserError("adapter= continues a LoRA adapter; it needs finetune=lora.");
-}
-
-// GRPO's memory on top of fine-tuning's: the rollouts' KV cache and the
-// log-probability pass's logits (and a frozen reference for finetune=full
-// with beta > 0).
-struct GrpoMemory {
-  train::FinetuneMemory finetune;
-  double kv_cache = 0, logps = 0, reference = 0;
-  double total() const {
-    return finetune.total() + kv_cache + logps + reference;
-  }
-};
-
-GrpoMemory grpo_memory(
-    const models::HfModelConfig& mc,
-    const GrpoConfig& cfg,
-    torch::ScalarType dtype,
-    int64_t micro) {
-  train::FinetuneConfig ft = cfg;
-  ft.stage = finetune_kind(cfg);
-  ft.max_seq_len = cfg.max_prompt_length + cfg.max_completion_length;
-  GrpoMemory m;
-  m.finetune = train::finetune_memory(mc, ft, dtype, micro);
-  const double kv_bytes = finetune_kind(cfg) == "full"
-      ? 4.0
-      : double(torch::elementSize(dtype));
-  const int64_t head_dim =
-      mc.head_dim > 0 ? mc.head_dim : mc.hidden_size / mc.num_attention_heads;
-  m.kv_cache = 2.0 * double(mc.num_hidden_layers * mc.num_key_value_heads *
-                            head_dim) *
-      kv_bytes * double(grpo::grpo_generation_batch(cfg)) *
-      double(ft.max_seq_len);
-  // The completion positions' logits: the head's output, the picked copy
-  // and its gradient, float32.
-  m.logps = 3.0 * 4.0 * double(micro) * double(cfg.max_completion_length) *
-      double(mc.vocab_size);
-  if (finetune_kind(cfg) == "full" && cfg.beta != 0.0)
-    m.reference = m.finetune.weights;
-  return m;
-}
-
-struct GrpoPlanRows {
-  struct Row {
-    int64_t batch = 0;
-    GrpoMemory memory;
-    bool fits = false;
-  };
-  std::vector<Row> rows;
-  Row choice;
-  train::MemoryBudget budget;
-};
-
-torch::ScalarType grpo_dtype(const GrpoConfig& cfg, const DeviceInfo& device) {
-  train::FinetuneConfig ft = cfg;
-  ft.stage = finetune_kind(cfg);
-  return train::finetune_dtype(ft, device);
-}
-
-GrpoPlanRows plan_rows(
-    const models::HfModelConfig& mc,
-    const GrpoConfig& cfg,
-    const DeviceInfo& device) {
-  const auto dtype = grpo_dtype(cfg, device);
-  GrpoPlanRows p;
-  p.budget = train::memory_budget(device, cfg.memory_fraction);
-  const int64_t g = std::gcd(
-      grpo::grpo_rows_per_step(cfg), grpo::grpo_generation_batch(cfg));
-  for (int64_t b = 1; b <= std::min<int64_t>(g, 16); ++b) {
-    if (g % b != 0)
-      continue;
-    GrpoPlanRows::Row r{b, grpo_memory(mc, cfg, dtype, b), false};
-    r.fits = r.memory.total() <= double(p.budget.bytes);
-    p.rows.push_back(r);
-  }
-  p.choice = p.rows.front();
-  for (const auto& r : p.rows)
-    if (cfg.device_batch_size ? r.batch == *cfg.device_batch_size : r.fits)
-      p.choice = r;
-  if (cfg.device_batch_size && p.choice.batch != *cfg.device_batch_size)
-    p.choice = {*cfg.device_batch_size,
-                grpo_memory(mc, cfg, dtype, *cfg.device_batch_size),
-                false};
-  return p;
-}
-
-std::string plan_table(const GrpoPlanRows& p) {
-  std::string s = "Budget: " + train::format_mb(double(p.budget.bytes)) +
-      " (" + p.budget.why + ")\n\n";
-  char line[256];
-  std::snprintf(
-      line,
-      sizeof line,
-      "%6s %12s %12s %10s %10s %10s %12s  %s\n",
-      "batch",
-      "weights",
-      "trained+opt",
-      "training",
-      "KV cache",
-      "log-probs",
-      "total",
-      "fits");
-  s += line;
-  for (const auto& r : p.rows) {
-    const auto& f = r.memory.finetune;
-    std::snprintf(
-        line,
-        sizeof line,
-        "%6lld %12s %12s %10s %10s %10s %12s  %s\n",
-        (long long)r.batch,
-        train::format_mb(f.weights + r.memory.reference).c_str(),
-        train::format_mb(f.trainable + f.gradients + f.optimizer).c_str(),
-        train::format_mb(f.activations + f.logits + f.workspace).c_str(),
-        train::format_mb(r.memory.kv_cache).c_str(),
-        train::format_mb(r.memory.logps).c_str(),
-        train::format_mb(r.memory.total()).c_str(),
-        r.fits ? "yes" : "no");
-    s += line;
-  }
-  return s;
 }
 
 // The policy a run trains, loaded.
@@ -455,19 +336,12 @@ class GrpoStage : public Stage {
     // (the pipeline's sft trained further): kept aside and trained anew.
     if (!cfg.checkpoint.empty() && cfg.resume == "auto") {
       const auto starts = runs::list_checkpoints(cfg.checkpoint);
-      const std::string init =
-          starts.empty() ? cfg.checkpoint : starts.back().second;
-      const std::string was = runs::trained_from(result.run_dir);
-      if (!was.empty() && !runs::same_folder(was, init)) {
-        const std::string kept = runs::set_aside(result.run_dir);
-        std::printf(
-            "%s was trained from %s, but its starting model is now %s: "
-            "training again from it (the old run is kept in %s).\n",
-            result.run_dir.c_str(),
-            was.c_str(),
-            init.c_str(),
-            kept.c_str());
-      }
+      if (auto moved = runs::set_aside_if_stale(
+              result.run_dir,
+              starts.empty() ? cfg.checkpoint : starts.back().second,
+              "grpo");
+          !moved.empty())
+        std::printf("%s\n", moved.c_str());
     }
     fs::create_directories(result.run_dir);
     RunLog log(result.run_dir + "/train.log");
