@@ -174,6 +174,18 @@ TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
           << command << ": " << r.err;
     }
   }
+  // min-p and the repetition penalty: their own messages.
+  for (const char* command : {"generate", "chat"}) {
+    const std::string p = std::string(command) == "chat" ? "-p" : "--prompt";
+    auto r = run_orchard({command, "-i", "sft", p, "hi", "--min-p", "1.5"});
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "--min-p must be in [0, 1]")) << r.err;
+    r = run_orchard(
+        {command, "-i", "sft", p, "hi", "--repetition-penalty", "0"});
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "--repetition-penalty must be in (0, 10]"))
+        << r.err;
+  }
   for (const char* command : {"generate", "chat"}) {
     auto r = run_orchard(
         {command,
