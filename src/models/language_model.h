@@ -53,6 +53,17 @@ class LanguageModel : public torch::nn::Module {
     auto logits = forward(idx);
     return logits.narrow(1, from, logits.size(1) - from);
   }
+  // Log-probabilities (B, W), float32 at least, of `targets` (B, W), each
+  // predicted at position `cols` (B, W) of `idx` (B, T), the logits divided
+  // by `temperature`; every col >= `from`. What GRPO's policy and reference
+  // passes need. This default takes logits_from(idx, from); a model may
+  // compute them without holding (B, W, V) logits (models/hf/model.h).
+  virtual torch::Tensor token_logprobs(
+      const torch::Tensor& idx,
+      int64_t from,
+      const torch::Tensor& cols,
+      const torch::Tensor& targets,
+      double temperature);
   // Mean cross-entropy over targets != -1 (ignored positions).
   virtual torch::Tensor loss(
       const torch::Tensor& idx,

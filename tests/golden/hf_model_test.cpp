@@ -659,6 +659,50 @@ TEST(Lora, FrozenHeadLossEqualsPlainCrossEntropy) {
   }
 }
 
+// GRPO's per-token log-probabilities through the chunked head
+// (ops::linear_logprobs) equal the base class's, from the whole logits:
+// values and the gradients of every trained tensor, for LoRA (frozen head)
+// and for full training (the head trained too), rows starting at different
+// columns, at temperature 1 and 0.7.
+TEST(HfModel, ChunkedTokenLogprobsEqualTheWholeLogits) {
+  auto ids = reference(kHf + "/llama")["input_ids"];
+  const int64_t B = ids.size(0), W = 3;
+  auto cols = torch::tensor({2, 4}, torch::kLong).unsqueeze(1).expand({B, W}) +
+      torch::arange(W, torch::kLong).unsqueeze(0);
+  ASSERT_EQ(B, 2);
+  auto targets = ids.gather(1, cols + 1);
+  for (bool lora : {true, false})
+    for (double t : {1.0, 0.7}) {
+      auto run = [&](bool chunked) {
+        auto model = load("llama", torch::kFloat64);
+        if (lora) {
+          models::LoraSpec spec;
+          spec.r = 2;
+          test::add_random_lora(model, spec, torch::kFloat64, 4);
+        }
+        model->train();
+        model->logprob_chunk_rows = 2;
+        auto lp = chunked
+            ? model->token_logprobs(ids, 2, cols, targets, t)
+            : model->models::LanguageModel::token_logprobs(ids, 2, cols, targets, t);
+        (lp * torch::linspace(-1, 2, lp.numel(), lp.options()).view_as(lp))
+            .sum()
+            .backward();
+        std::vector<torch::Tensor> out = {lp.detach()};
+        for (const auto& p : model->parameters())
+          if (p.requires_grad() && p.grad().defined())
+            out.push_back(p.grad().clone());
+        return out;
+      };
+      auto chunked = run(true), plain = run(false);
+      ASSERT_EQ(chunked.size(), plain.size());
+      ASSERT_GT(chunked.size(), 1u);
+      for (size_t i = 0; i < chunked.size(); ++i)
+        EXPECT_LT(max_diff(chunked[i], plain[i]), 1e-10)
+            << (lora ? "lora " : "full ") << t << " " << i;
+    }
+}
+
 // With ORCHARD_PEFT_GOLDEN=DIR: writes an Orchard adapter (random, B
 // non-zero), Orchard's logits with it, and the merged model folder, for
 // tests/reference/make_hf_fixtures.py --verify-adapter / --verify-merged to

@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/linear_cross_entropy.h"
+#include "ops/linear_logprobs.h"
 #include "ops/nf4.h"
 #include "ops/rms_norm.h"
 #include "ops/rotary_cache.h"
@@ -426,6 +427,27 @@ torch::Tensor LlamaImpl::logits_from(const torch::Tensor& idx, int64_t from) {
                                                  : logits.to(torch::kFloat32);
 }
 
+torch::Tensor LlamaImpl::token_logprobs(
+    const torch::Tensor& idx,
+    int64_t from,
+    const torch::Tensor& cols,
+    const torch::Tensor& targets,
+    double temperature) {
+  if (!lm_head.is_empty() && (lm_head->has_lora() || !lm_head->weight.defined() ||
+                              lm_head->weight.numel() == 0))
+    return LanguageModel::token_logprobs(idx, from, cols, targets, temperature);
+  auto h = hidden(idx); // (B, T, C)
+  const int64_t B = cols.size(0), W = cols.size(1), C = h.size(-1);
+  auto rows = torch::arange(B, cols.options()).unsqueeze(1).expand_as(cols);
+  auto picked = h.index({rows, cols}).reshape({B * W, C});
+  const int64_t chunk = logprob_chunk_rows > 0
+      ? logprob_chunk_rows
+      : std::max<int64_t>(1, (int64_t(1) << 22) / config.vocab_size);
+  return ops::linear_logprobs(
+             picked, lm_weight(), targets.reshape({-1}), temperature, chunk)
+      .view({B, W});
+}
+
 torch::Tensor LlamaImpl::loss(
     const torch::Tensor& idx,
     const torch::Tensor& targets) {
@@ -630,6 +652,27 @@ Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
   safetensors::Reader reader = safetensors::Reader::open(
       fs::exists(index) ? index.string() : single.string());
   const torch::ScalarType dtype = opt.dtype.value_or(c.dtype);
+  // One block for the weights (LoadOptions::one_allocation): the stored
+  // weights' and biases' sizes, a tied model's stray lm_head left out, each
+  // aligned to 256 bytes; anything past it gets its own allocation.
+  torch::Tensor block;
+  int64_t used = 0;
+  constexpr int64_t kAlign = 256;
+  auto aligned = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+  if (opt.one_allocation && !opt.load_in_4bit) {
+    int64_t total = 0;
+    for (const auto& name : reader.names()) {
+      const bool weight = name.size() > 7 &&
+          (name.ends_with(".weight") || name.ends_with(".bias"));
+      if (!weight || (c.tie_word_embeddings && name == "lm_head.weight"))
+        continue;
+      int64_t n = 1;
+      for (auto d : reader.info(name).shape)
+        n *= d;
+      total += aligned(n * int64_t(torch::elementSize(dtype)));
+    }
+    block = torch::empty({total}, torch::TensorOptions().dtype(torch::kUInt8).device(opt.device));
+  }
   WeightSource get = [&](const std::string& name,
                          const std::vector<int64_t>& shape,
                          bool optional) -> torch::Tensor {
@@ -647,6 +690,13 @@ Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
           "weight '" + name + "' in '" + dir + "' has shape " +
           c10::str(t.sizes()) + " but config.json implies " +
           c10::str(torch::IntArrayRef(shape)) + ".");
+    const int64_t bytes = t.numel() * int64_t(torch::elementSize(dtype));
+    if (block.defined() && used + bytes <= block.numel()) {
+      auto out = block.narrow(0, used, bytes).view(dtype).view(t.sizes());
+      used += aligned(bytes);
+      out.copy_(t);
+      return out.detach(); // a leaf of its own, not a view autograd tracks
+    }
     // One copy, from the mapped file to the device and dtype asked for.
     auto out = t.to(opt.device, dtype, /*non_blocking=*/false, /*copy=*/true);
     return out;

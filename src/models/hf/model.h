@@ -104,6 +104,15 @@ struct LlamaImpl : AdaptableModel {
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
       override;
   torch::Tensor logits_from(const torch::Tensor& idx, int64_t from) override;
+  // Over chunks of completion positions through ops::linear_logprobs: the
+  // (B, W, V) logits never exist, in the forward or the backward. The
+  // default's path where lm_head carries an adapter or 4-bit codes.
+  torch::Tensor token_logprobs(
+      const torch::Tensor& idx,
+      int64_t from,
+      const torch::Tensor& cols,
+      const torch::Tensor& targets,
+      double temperature) override;
   int64_t max_seq_len() const override {
     return context_;
   }
@@ -132,6 +141,7 @@ struct LlamaImpl : AdaptableModel {
   HfModelConfig config;
   bool gradient_checkpointing = false;
   int64_t loss_chunk_rows = 0; // 0: about 16M logits a chunk (tests set it)
+  int64_t logprob_chunk_rows = 0; // 0: about 4M logits a chunk (tests set it)
   LlamaBody model{nullptr};
   Proj lm_head{nullptr}; // null when tied to model.embed_tokens
 
@@ -165,6 +175,11 @@ struct LoadOptions {
   int64_t context = 4096; // 0: the model's max_position_embeddings
   // The layers' projections in 4 bits (NF4) for a frozen LoRA base.
   bool load_in_4bit = false;
+  // Every weight a view into one allocation (a frozen LoRA base, never
+  // prepared for inference or quantised): CUDA's caching allocator leaves
+  // up to 1 MiB unsplit at the end of each large block, 113 MB over a 3B
+  // model's 108 MLP matrices, which one block does not.
+  bool one_allocation = false;
 };
 
 // Reads config.json and the safetensors (one file or shards) of a model

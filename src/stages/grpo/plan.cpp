@@ -1,5 +1,6 @@
 #include "stages/grpo/plan.h"
 
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -27,7 +28,7 @@ GrpoMemory grpo_memory(
   GrpoMemory m;
   m.finetune = train::finetune_memory(mc, ft, dtype, micro);
   const double kv_bytes = finetune_kind(cfg) == "full"
-      ? 4.0
+      ? double(torch::elementSize(train::full_weights_dtype(ft)))
       : double(torch::elementSize(dtype));
   const int64_t head_dim =
       mc.head_dim > 0 ? mc.head_dim : mc.hidden_size / mc.num_attention_heads;
@@ -35,10 +36,13 @@ GrpoMemory grpo_memory(
                             head_dim) *
       kv_bytes * double(grpo_generation_batch(cfg)) *
       double(ft.max_seq_len);
-  // The completion positions' logits: the head's output, the picked copy
-  // and its gradient, float32.
-  m.logps = 3.0 * 4.0 * double(micro) * double(cfg.max_completion_length) *
-      double(mc.vocab_size);
+  // The completion positions' logits, a chunk of about 4M at a time
+  // (models/hf/model.h's token_logprobs): the logits, their softmax and
+  // gradient in float32.
+  const double rows = std::min(
+      double(micro) * double(cfg.max_completion_length),
+      std::max(1.0, std::floor(double(1 << 22) / double(mc.vocab_size))));
+  m.logps = 3.0 * 4.0 * rows * double(mc.vocab_size);
   if (finetune_kind(cfg) == "full" && cfg.beta != 0.0)
     m.reference = m.finetune.weights;
   return m;
