@@ -9,6 +9,8 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <map>
 #else
 #define ORCHARD_CUDA_GRAPHS 0
 #endif
@@ -127,8 +129,18 @@ torch::Tensor DecodeStep::run(
     g->idx = idx.clone();
     g->pos = pos.clone();
     torch::cuda::synchronize(idx.device().index());
-    auto stream = c10::cuda::getStreamFromPool(
-        /*isHighPriority=*/false, idx.device().index());
+    // One side stream per thread and device for every capture: cuBLAS
+    // keeps a workspace (32 MB on an H100) for each stream it has run on,
+    // so a fresh pool stream per capture left one more behind each time a
+    // decoder was made (GRPO makes one per rollout).
+    thread_local std::map<int, c10::cuda::CUDAStream> capture_streams;
+    const int dev = idx.device().index();
+    auto found = capture_streams.find(dev);
+    if (found == capture_streams.end())
+      found = capture_streams
+                  .emplace(dev, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, dev))
+                  .first;
+    auto stream = found->second;
     try {
       c10::cuda::CUDAStreamGuard on_side_stream(stream);
       // Warm-up outside the capture (workspaces, cached tables): it writes

@@ -63,10 +63,83 @@ Optimizers::Optimizers(std::vector<ParamGroup> groups, OptimizerOptions options)
 
 Optimizers::~Optimizers() = default;
 
-void Optimizers::adamw_step(size_t gi, double lr) {
+void Optimizers::adamw_slices(
+    const torch::Tensor& p,
+    AdamState& s,
+    double lr,
+    double weight_decay,
+    c10::optional<at::Generator> gen) {
+  const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
+  const int64_t step = ++s.step;
+  const double bc1 = 1 - std::pow(b1, double(step));
+  const double bc2 = 1 - std::pow(b2, double(step));
+  const bool q8 = options_.adam_8bit;
+  const bool narrow = p.scalar_type() != torch::kFloat32 &&
+      p.scalar_type() != torch::kFloat64;
+  const int64_t n = p.numel();
+  if (q8 && !s.avg8.codes.defined()) {
+    s.avg8 = zero_quantized(n, true, p.options());
+    s.sq8 = zero_quantized(n, false, p.options());
+  } else if (!q8 && !s.exp_avg.defined()) {
+    const auto o = p.options().dtype(narrow ? torch::kFloat32 : p.scalar_type());
+    s.exp_avg = torch::zeros(p.sizes(), o);
+    s.exp_avg_sq = torch::zeros(p.sizes(), o);
+  }
+  auto flat = p.view({-1}), grad = p.grad().reshape({-1});
+  // Slices in whole 8-bit blocks: a few float32 copies of one slice are the
+  // step's whole transient.
+  const int64_t slice =
+      std::max<int64_t>(kBlock, options_.adam_slice_elements / kBlock * kBlock);
+  for (int64_t from = 0; from < n; from += slice) {
+    const int64_t len = std::min(slice, n - from);
+    const int64_t padded = q8 ? (len + kBlock - 1) / kBlock * kBlock : len;
+    auto g32 = grad.narrow(0, from, len).to(torch::kFloat32);
+    if (padded != len)
+      g32 = torch::constant_pad_nd(g32, {0, padded - len});
+    auto m = q8 ? dequantize8(s.avg8, true, from, len)
+                : s.exp_avg.view({-1}).narrow(0, from, len);
+    auto v = q8 ? dequantize8(s.sq8, false, from, len)
+                : s.exp_avg_sq.view({-1}).narrow(0, from, len);
+    m.mul_(b1).add_(g32, 1 - b1);
+    v.mul_(b2).addcmul_(g32, g32, 1 - b2);
+    auto w = flat.narrow(0, from, len);
+    auto w32 = narrow ? w.to(torch::kFloat32) : w;
+    w32.mul_(1 - lr * weight_decay);
+    auto denom = v.narrow(0, 0, len).sqrt().div_(std::sqrt(bc2)).add_(options_.adam_eps);
+    w32.addcdiv_(m.narrow(0, 0, len).to(w32.scalar_type()), denom.to(w32.scalar_type()), -lr / bc1);
+    if (p.scalar_type() == torch::kBFloat16)
+      stochastic_round_into(w, w32, gen);
+    else if (narrow)
+      w.copy_(w32);
+    if (q8) {
+      quantize8(s.avg8, true, from, m);
+      quantize8(s.sq8, false, from, v);
+    }
+  }
+}
+
+void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
   const auto& g = groups_[gi];
   auto& states = adam_[gi];
   const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
+  // 8-bit moments and bfloat16 weights: a tensor at a time, in slices.
+  c10::optional<at::Generator> gen;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const auto& p = g.params[i].second;
+    if (!p.grad().defined())
+      continue;
+    if (!options_.adam_8bit && p.scalar_type() != torch::kBFloat16)
+      continue;
+    if (p.scalar_type() == torch::kBFloat16 && !gen) {
+      // A stream of its own per step and group: the same on resume.
+      gen = at::globalContext().defaultGenerator(p.device()).clone();
+      gen->set_current_seed(
+          options_.seed * 0x9E3779B97F4A7C15ull + uint64_t(opt_step) * 1000003ull + gi);
+    }
+    adamw_slices(p, states[i], lr, g.weight_decay, gen);
+  }
+  if (options_.adam_8bit)
+    return;
   // Tensors with a gradient, bucketed by their step count (one bucket
   // unless some tensor missed a step), device and dtype: each bucket is one
   // set of multi-tensor launches.
@@ -75,6 +148,8 @@ void Optimizers::adamw_step(size_t gi, double lr) {
     const auto& p = g.params[i].second;
     if (!p.grad().defined())
       continue; // no gradient, no update, no step (as torch's AdamW)
+    if (p.scalar_type() == torch::kBFloat16)
+      continue; // above
     auto& s = states[i];
     if (!s.exp_avg.defined()) {
       s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
@@ -84,8 +159,8 @@ void Optimizers::adamw_step(size_t gi, double lr) {
   }
   // Each bucket is updated in slices of at most adam_slice_elements (a
   // larger tensor alone): the square-root denominators exist for one slice
-  // at a time, so the transient stays near 256 MB rather than the size of
-  // every parameter (a LoRA run's adapters are one slice).
+  // at a time, so the transient stays near 16 MB a temporary rather than
+  // the size of every parameter.
   const int64_t kSliceElements = options_.adam_slice_elements;
   for (const auto& [key, idx] : buckets) {
     const int64_t step = std::get<0>(key) + 1;
@@ -132,7 +207,7 @@ void Optimizers::step(double lr_multiplier, int64_t step) {
   torch::NoGradGuard no_grad;
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     if (!groups_[gi].muon)
-      adamw_step(gi, groups_[gi].lr * lr_multiplier);
+      adamw_step(gi, groups_[gi].lr * lr_multiplier, step);
   const double frac = options_.muon_momentum_warmup > 0
       ? std::min(1.0, double(step) / double(options_.muon_momentum_warmup))
       : 1.0;
@@ -180,7 +255,9 @@ std::string Optimizers::describe() const {
   if (!muon.empty())
     out = "Muon (" + muon + ")";
   if (!adam.empty())
-    out += (out.empty() ? "" : " + ") + std::string("AdamW (") + adam + ")";
+    out += (out.empty() ? "" : " + ") +
+        std::string(options_.adam_8bit ? "AdamW, 8-bit moments (" : "AdamW (") +
+        adam + ")";
   return out;
 }
 
@@ -199,8 +276,15 @@ NamedTensors Optimizers::state() const {
       const auto& s = adam_[gi][i];
       if (s.step == 0)
         continue; // no step taken yet
-      out.push_back({name + ".exp_avg", s.exp_avg});
-      out.push_back({name + ".exp_avg_sq", s.exp_avg_sq});
+      if (s.avg8.codes.defined()) {
+        out.push_back({name + ".exp_avg.q8", s.avg8.codes});
+        out.push_back({name + ".exp_avg.absmax", s.avg8.absmax});
+        out.push_back({name + ".exp_avg_sq.q8", s.sq8.codes});
+        out.push_back({name + ".exp_avg_sq.absmax", s.sq8.absmax});
+      } else {
+        out.push_back({name + ".exp_avg", s.exp_avg});
+        out.push_back({name + ".exp_avg_sq", s.exp_avg_sq});
+      }
       out.push_back({name + ".step", torch::tensor(s.step)});
     }
   }
@@ -232,6 +316,36 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
       }
       if (saved.count(name + ".momentum_buffer"))
         throw mismatch(name, "was written by Muon, not AdamW");
+      auto& s = adam_[gi][i];
+      const bool saved8 = saved.count(name + ".exp_avg.q8") > 0;
+      if (saved8 != options_.adam_8bit &&
+          (saved8 || saved.count(name + ".exp_avg")))
+        throw UserError(
+            "the checkpoint's AdamW state for '" + name + "' is " +
+            (saved8 ? "8-bit (optim=adamw_8bit)" : "32-bit (optim=adamw_torch)") +
+            " but this run asks for " +
+            (options_.adam_8bit ? "optim=adamw_8bit" : "optim=adamw_torch") +
+            "; resume with the optimizer it was made with, or start over "
+            "with resume=never.");
+      if (saved8) {
+        auto get = [&](const std::string& key, torch::ScalarType dtype, int64_t n) {
+          auto it = saved.find(name + key);
+          if (it == saved.end() || it->second.scalar_type() != dtype ||
+              it->second.numel() != n)
+            throw mismatch(name, "does not match the model");
+          return it->second.to(p.device()).clone();
+        };
+        const int64_t padded = (p.numel() + kBlock - 1) / kBlock * kBlock;
+        s.avg8 = {get(".exp_avg.q8", torch::kChar, padded),
+                  get(".exp_avg.absmax", torch::kFloat32, padded / kBlock)};
+        s.sq8 = {get(".exp_avg_sq.q8", torch::kByte, padded),
+                 get(".exp_avg_sq.absmax", torch::kFloat32, padded / kBlock)};
+        auto step = saved.find(name + ".step");
+        if (step == saved.end())
+          throw mismatch(name, "does not match the model");
+        s.step = step->second.item<int64_t>();
+        continue;
+      }
       auto avg = saved.find(name + ".exp_avg");
       if (avg == saved.end())
         continue;
@@ -240,10 +354,12 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
       if (sq == saved.end() || step == saved.end() ||
           avg->second.sizes() != p.sizes())
         throw mismatch(name, "does not match the model");
-      auto& s = adam_[gi][i];
+      // A bfloat16 weight's moments are float32 (adamw_slices).
+      const auto dtype = p.scalar_type() == torch::kBFloat16 ? torch::kFloat32
+                                                              : p.scalar_type();
       s.step = step->second.item<int64_t>();
-      s.exp_avg = avg->second.to(p.device(), p.scalar_type()).clone();
-      s.exp_avg_sq = sq->second.to(p.device(), p.scalar_type()).clone();
+      s.exp_avg = avg->second.to(p.device(), dtype).clone();
+      s.exp_avg_sq = sq->second.to(p.device(), dtype).clone();
     }
   }
 }

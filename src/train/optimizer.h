@@ -14,15 +14,22 @@
 //
 // AdamW is decoupled weight decay (Loshchilov & Hutter) with bias-corrected
 // moments, the same arithmetic as torch::optim::AdamW (the test holds them
-// equal), applied to all tensors of a step at once.
+// equal), applied to all tensors of a step at once. With 8-bit moments, or
+// for a bfloat16 weight (weights_dtype=bfloat16), each tensor is updated
+// in float32 a slice at a time instead: moments decoded, the step taken,
+// moments encoded again and the weight rounded stochastically
+// (train/low_precision_state.h); a bfloat16 weight's moments are float32
+// unless 8-bit.
 #pragma once
 
 #include "runs/checkpoint.h"
+#include "train/low_precision_state.h"
 
 #include <torch/torch.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,8 +55,17 @@ struct OptimizerOptions {
   // iterations are stable there, per the Muon write-up), float32 elsewhere.
   torch::ScalarType newton_schulz_dtype = torch::kFloat32;
   // AdamW updates tensors together in slices of at most this many elements
-  // (a larger tensor alone); it bounds the update's temporary memory.
-  int64_t adam_slice_elements = int64_t(1) << 26;
+  // (a larger tensor alone; in pieces of this size on the float32-slice
+  // path); it bounds the update's temporary memory (4M: 16 MB a
+  // temporary, where 64M was 256 MB: a 3B model's LoRA step, 30M adapter
+  // values, then peaked 120 MB above its state).
+  int64_t adam_slice_elements = int64_t(1) << 22;
+  // AdamW's moments in 8 bits a value (train/low_precision_state.h), for
+  // every AdamW tensor: optim=adamw_8bit.
+  bool adam_8bit = false;
+  // Seeds the stochastic rounding of bfloat16 weights (a stream per step,
+  // so a resumed run rounds as the uninterrupted one did).
+  uint64_t seed = 0;
 };
 
 // The orthogonalised update of Muon for a 2-D gradient: approximately
@@ -76,7 +92,8 @@ class Optimizers {
   std::string describe() const; // "Muon (matrices, lr 0.02) + AdamW (...)"
 
   // Per parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step"
-  // (AdamW), "<name>.momentum_buffer" (Muon).
+  // (AdamW; 8-bit: "<name>.exp_avg.q8", "<name>.exp_avg.absmax" and the
+  // same for exp_avg_sq), "<name>.momentum_buffer" (Muon).
   NamedTensors state() const;
   // UserError when the saved state does not match these parameters.
   void load(const std::map<std::string, torch::Tensor>& saved);
@@ -90,9 +107,17 @@ class Optimizers {
   // not a few per tensor as torch::optim::AdamW's loop does.
   struct AdamState {
     torch::Tensor exp_avg, exp_avg_sq;
+    Quantized8 avg8, sq8; // optim=adamw_8bit
     int64_t step = 0;
   };
-  void adamw_step(size_t group, double lr);
+  void adamw_step(size_t group, double lr, int64_t step);
+  // One tensor through the float32-slice path.
+  void adamw_slices(
+      const torch::Tensor& p,
+      AdamState& s,
+      double lr,
+      double weight_decay,
+      c10::optional<at::Generator> gen);
   std::vector<std::vector<AdamState>> adam_;
   std::map<std::string, torch::Tensor> muon_momentum_;
 };

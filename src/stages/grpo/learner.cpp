@@ -258,6 +258,9 @@ void Learner::generate() {
     examples.push_back(&env_.train()[size_t(picked.back())]);
   }
   Scored s = rollout(examples, G, mix(opt_.seed, uint64_t(generations_)));
+  // The engine's caches and captured graphs would sit through training:
+  // the next rollout makes them again.
+  engine_.reset();
   ++generations_;
   gen_seconds_ += s.gen_s + s.score_s;
 
@@ -396,34 +399,14 @@ torch::Tensor Learner::logps(
     const torch::Tensor& ids,
     const torch::Tensor& starts,
     int64_t completion_len) {
-  // Token j of row r is predicted at position starts[r] - 1 + j.
-  const auto range = torch::stack({starts.min(), starts.max()}).cpu();
-  const int64_t from = range[0].item<int64_t>() - 1;
-  auto logits = model.logits_from(ids, from); // (B, L - from, V)
-  const int64_t B = ids.size(0), W = logits.size(1);
-  if (range[1].item<int64_t>() == from + 1) {
-    // Every row's completion starts at the same column (a group's rows):
-    // the logits as they are (no (B, C, V) copy at temperature 1).
-    auto picked = logits.narrow(1, 0, std::min(completion_len, W));
-    if (opt_.temperature != 1.0)
-      picked = picked / opt_.temperature;
-    auto targets = ids.narrow(1, from + 1, picked.size(1));
-    auto chosen = picked.gather(2, targets.unsqueeze(2)).squeeze(2);
-    auto out = chosen - torch::logsumexp(picked, 2);
-    if (out.size(1) < completion_len)
-      out = torch::constant_pad_nd(out, {0, completion_len - out.size(1)});
-    return out;
-  }
-  auto cols = (starts - 1 - from).unsqueeze(1) +
+  // Token j of row r is predicted at position starts[r] - 1 + j (rows
+  // shorter than the widest repeat their last position; masked out).
+  const int64_t from = starts.min().item<int64_t>() - 1;
+  auto cols = (starts - 1).unsqueeze(1) +
       torch::arange(completion_len, starts.options()).unsqueeze(0);
-  cols = cols.clamp_max(W - 1);
-  auto rows = torch::arange(B, starts.options()).unsqueeze(1).expand_as(cols);
-  auto picked = logits.index({rows, cols}) / opt_.temperature; // (B, C, V)
-  // The targets: the ids right after each predicting position.
-  auto tpos = (cols + from + 1).clamp_max(ids.size(1) - 1);
-  auto targets = ids.gather(1, tpos);
-  auto chosen = picked.gather(2, targets.unsqueeze(2)).squeeze(2);
-  return chosen - torch::logsumexp(picked, 2);
+  cols = cols.clamp_max(ids.size(1) - 2);
+  auto targets = ids.gather(1, cols + 1);
+  return model.token_logprobs(ids, from, cols, targets, opt_.temperature);
 }
 
 torch::Tensor Learner::micro_step(int64_t micro_batch) {
@@ -527,6 +510,7 @@ Evaluation Learner::evaluate(int64_t prompts) {
       ++ev.completions;
     }
   }
+  engine_.reset(); // as after a training rollout
   const auto names = reward_names();
   ev.reward = total / double(std::max<int64_t>(1, ev.completions));
   ev.success /= double(std::max<int64_t>(1, ev.completions));
@@ -546,6 +530,7 @@ std::vector<Learner::Sample> Learner::samples(int count, uint64_t seed) {
   if (ex.empty())
     return out;
   Scored s = rollout(ex, 1, seed);
+  engine_.reset();
   for (size_t i = 0; i < ex.size(); ++i) {
     const Example& e = *ex[i];
     const std::string prompt = prompter_->chat()
