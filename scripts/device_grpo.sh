@@ -4,7 +4,8 @@
 # GRPO side by side with TRL (bench/peers/grpo_trl.py, TRL's sources
 # carried in .peers/trl-site) on random models with Qwen2.5-3B's shape
 # (LoRA, the guide's settings) and 0.5B's (full fine-tuning).
-# ONLY=3b|0.5b runs one of the two; NO_PEER=1 skips TRL.
+# ONLY=3b|0.5b runs one of the two; NO_PEER=1 skips TRL. The 0.5B shape
+# also runs with weights_dtype=bfloat16, with and without optim=adamw_8bit.
 set -uo pipefail
 OUT="${OUT:-/tmp/orchard-out}"
 mkdir -p "$OUT"
@@ -26,20 +27,20 @@ export PYTHONPATH=$PWD/.peers/trl-site
 DATA=/tmp/grpo-prompts.jsonl
 python3 bench/peers/grpo_trl.py --data $DATA
 O=$PWD/build-cuda/orchard
-bench() { # size kind G B ACC
-  local size=$1 kind=$2 G=$3 B=$4 ACC=$5 M=/tmp/qwen-$1-grpo
+bench() { # size kind G B ACC [extra orchard settings] [peer: 1 or 0]
+  local size=$1 kind=$2 G=$3 B=$4 ACC=$5 extra=${6:-} peer=${7:-1} M=/tmp/qwen-$1-grpo
   [ -f $M/config.json ] || python3 bench/peers/grpo_trl.py --make $size $M 2>&1 | grep -v Warn | tail -1
-  echo "=== Qwen2.5-$size shape, $kind, num_generations $G, per_device $B x accumulation $ACC, 128 new tokens"
-  local R=/tmp/grpo-run-$size
+  echo "=== Qwen2.5-$size shape, $kind, num_generations $G, per_device $B x accumulation $ACC, 128 new tokens $extra"
+  local R=/tmp/grpo-run-$size tag=$size$(echo "$extra" | tr ' =' '_-' | sed 's/^./_&/')
   rm -rf $R
   $O train stage=grpo model=$M finetune=$kind env=answers data=$DATA prompt_format=raw \
     num_generations=$G per_device_train_batch_size=$B gradient_accumulation_steps=$ACC \
     max_completion_length=128 max_steps=${STEPS:-8} learning_rate=1e-6 bf16=true \
-    gradient_checkpointing=true eval_steps=0 eval_prompts=1 save_steps=0 run_dir=$R \
-    > "$OUT/orchard_$size.log" 2>&1 || { status=1; tail -20 "$OUT/orchard_$size.log"; }
-  grep -E "^Batch|^Rollouts|Peak memory" "$OUT/orchard_$size.log"
+    gradient_checkpointing=true eval_steps=0 eval_prompts=1 save_steps=0 run_dir=$R $extra \
+    > "$OUT/orchard_$tag.log" 2>&1 || { status=1; tail -20 "$OUT/orchard_$tag.log"; }
+  grep -E "^Batch|^Rollouts|Peak memory" "$OUT/orchard_$tag.log"
   python3 bench/peers/grpo_orchard_summary.py $R $kind $G 128 | tee -a "$OUT/grpo_bench.jsonl"
-  if [ "${NO_PEER:-0}" != 1 ]; then
+  if [ "${NO_PEER:-0}" != 1 ] && [ "$peer" = 1 ]; then
     G=$G B=$B ACC=$ACC C=128 STEPS=${STEPS:-8} python3 bench/peers/grpo_trl.py $M $kind \
       > "$OUT/trl_$size.log" 2>&1 || { status=1; tail -20 "$OUT/trl_$size.log"; }
     grep '^{"peer"' "$OUT/trl_$size.log" | tee -a "$OUT/grpo_bench.jsonl"
@@ -47,4 +48,8 @@ bench() { # size kind G B ACC
 }
 [ "${ONLY:-3b}" = 0.5b ] || bench 3b lora 2 1 2
 [ "${ONLY:-0.5b}" = 3b ] || bench 0.5b full 8 8 1
+# The 0.5B shape again with the weights in bfloat16 (as TRL holds them),
+# with float32 and with 8-bit moments; TRL's figures are the row above's.
+[ "${ONLY:-0.5b}" = 3b ] || bench 0.5b full 8 8 1 "weights_dtype=bfloat16" 0
+[ "${ONLY:-0.5b}" = 3b ] || bench 0.5b full 8 8 1 "weights_dtype=bfloat16 optim=adamw_8bit" 0
 exit $status

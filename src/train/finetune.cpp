@@ -118,8 +118,18 @@ const config::Schema& finetune_schema() {
     s.add(
         {.key = "optim",
          .access = field(&C::optim),
-         .help = "optimizer: adamw_torch (AdamW)",
-         .choices = {"adamw_torch", "adamw"}});
+         .help = "optimizer: adamw_torch (AdamW) or adamw_8bit (AdamW with "
+                 "its two moments in 8 bits: 2 bytes a trained weight "
+                 "instead of 8; bitsandbytes' name, on every device)",
+         .choices = {"adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}});
+    s.add(
+        {.key = "weights_dtype",
+         .access = field(&C::weights_dtype),
+         .help = "full: float32 (a float32 copy of every weight, computing "
+                 "under autocast) or bfloat16 (the weights held in bfloat16 "
+                 "and updated with stochastic rounding: half the memory of "
+                 "weights and gradients)",
+         .choices = {"float32", "bfloat16"}});
     s.add(
         {.key = "adam_beta1",
          .access = field(&C::adam_beta1),
@@ -185,6 +195,43 @@ int64_t finetune_rows_per_step(const FinetuneConfig& cfg) {
   return rows;
 }
 
+torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg) {
+  if (cfg.weights_dtype == "float32")
+    return torch::kFloat32;
+  if (cfg.stage == "lora")
+    throw UserError(
+        "weights_dtype=" + cfg.weights_dtype +
+        " sets how full fine-tuning holds the weights it trains; LoRA trains "
+        "float32 adapters on a frozen base whose dtype is dtype=. Drop "
+        "weights_dtype, or use full fine-tuning.");
+  return torch::kBFloat16;
+}
+
+Precision full_precision(const FinetuneConfig& cfg, const DeviceInfo& device) {
+  Precision p = resolve_precision(
+      cfg.fp16       ? "float16"
+          : cfg.bf16 ? "bfloat16"
+                     : cfg.dtype,
+      device);
+  if (full_weights_dtype(cfg) == torch::kBFloat16)
+    p.name = p.compute == torch::kFloat32
+        ? "bfloat16 weights (stochastic rounding), computing in bfloat16"
+        : p.compute == torch::kBFloat16
+        ? "bfloat16 weights (stochastic rounding), bfloat16 autocast"
+        : "bfloat16 weights (stochastic rounding), float16 autocast";
+  return p;
+}
+
+OptimizerOptions finetune_optimizer_options(const FinetuneConfig& cfg) {
+  OptimizerOptions oo;
+  oo.adam_beta1 = cfg.adam_beta1;
+  oo.adam_beta2 = cfg.adam_beta2;
+  oo.adam_eps = cfg.adam_epsilon;
+  oo.adam_8bit = cfg.optim == "adamw_8bit" || cfg.optim == "adamw_bnb_8bit";
+  oo.seed = uint64_t(cfg.seed);
+  return oo;
+}
+
 torch::ScalarType finetune_dtype(
     const FinetuneConfig& cfg,
     const DeviceInfo& device) {
@@ -211,11 +258,7 @@ Precision finetune_precision(
     const DeviceInfo& device,
     torch::ScalarType dtype) {
   if (cfg.stage != "lora")
-    return resolve_precision(
-        cfg.fp16       ? "float16"
-            : cfg.bf16 ? "bfloat16"
-                       : cfg.dtype,
-        device);
+    return full_precision(cfg, device);
   Precision precision;
   precision.compute = torch::kFloat32;
   precision.loss_scaling = dtype == torch::kFloat16;
@@ -245,9 +288,10 @@ TrainableModel load_for_training(
   const bool lora = cfg.stage == "lora";
   models::LoadOptions lo;
   lo.device = dev;
-  lo.dtype = lora ? dtype : torch::kFloat32;
+  lo.dtype = lora ? dtype : full_weights_dtype(cfg);
   lo.context = cfg.max_seq_len;
   lo.load_in_4bit = lora && cfg.load_in_4bit;
+  lo.one_allocation = lora; // a frozen base
   TrainableModel t;
   t.model = models::load_hf_model(cfg.model, lo);
   t.model->gradient_checkpointing = cfg.gradient_checkpointing;
@@ -274,11 +318,7 @@ Optimizers finetune_optimizers(
        .lr = cfg.lr.value_or(lora ? 2e-4 : 1e-5),
        .weight_decay = cfg.weight_decay,
        .muon = false}};
-  OptimizerOptions oo;
-  oo.adam_beta1 = cfg.adam_beta1;
-  oo.adam_beta2 = cfg.adam_beta2;
-  oo.adam_eps = cfg.adam_epsilon;
-  return Optimizers(std::move(groups), oo);
+  return Optimizers(std::move(groups), finetune_optimizer_options(cfg));
 }
 
 } // namespace
@@ -337,6 +377,7 @@ TrainResult run_finetune(
         "load_in_4bit=true holds a frozen base in 4 bits for stage=lora; "
         "stage=full trains every weight and needs them in full precision. "
         "Use stage=lora, or drop load_in_4bit.");
+  full_weights_dtype(cfg); // weights_dtype with LoRA fails here
   const int64_t T = cfg.max_seq_len;
   if (T > mc.max_position_embeddings)
     throw UserError(

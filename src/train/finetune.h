@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "models/hf/model.h"
+#include "train/optimizer.h"
 #include "train/pretrain.h"
 #include "train/training_config.h"
 
@@ -69,7 +70,13 @@ struct FinetuneConfig : TrainingConfig {
   bool pack = true; // whole conversations back to back in each row
 
   // lr (shared): auto = 2e-4 lora, 1e-5 full.
+  // adamw_torch (float32 moments) or adamw_8bit (8-bit moments, a quarter
+  // of the memory; train/low_precision_state.h).
   std::string optim = "adamw_torch";
+  // full: float32 (a float32 copy of every weight, computing under
+  // autocast) or bfloat16 (the weights themselves in bfloat16, updated
+  // with stochastic rounding: half the weights' and gradients' memory).
+  std::string weights_dtype = "float32";
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
 
   // dtype (shared) -- lora: the base weights' dtype; full: autocast's
@@ -140,6 +147,18 @@ FinetunePlan plan_finetune(
     const DeviceInfo& device);
 // The plan as `orchard plan` prints it.
 std::string finetune_plan_table(const FinetunePlan& plan);
+
+// The dtype stage=full holds its weights in (FinetuneConfig::weights_dtype);
+// UserError for weights_dtype=bfloat16 with LoRA, whose base is `dtype`'s.
+torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg);
+
+// stage=full's precision: autocast as dtype / fp16 / bf16 say, named for
+// the weights' dtype.
+Precision full_precision(const FinetuneConfig& cfg, const DeviceInfo& device);
+
+// AdamW's settings from `cfg`: betas, epsilon, 8-bit moments for
+// optim=adamw_8bit, the seed of bfloat16 weights' stochastic rounding.
+OptimizerOptions finetune_optimizer_options(const FinetuneConfig& cfg);
 
 // The base weights' dtype for `cfg` on `device` (see FinetuneConfig::dtype).
 torch::ScalarType finetune_dtype(

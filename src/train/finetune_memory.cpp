@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "models/hf/family.h"
+#include "train/low_precision_state.h"
 #include "train/memory_plan.h"
 
 #include <algorithm>
@@ -52,7 +53,8 @@ FinetuneMemory finetune_memory(
     int64_t B) {
   FinetuneMemory r;
   const bool lora = cfg.stage == "lora";
-  const double b = double(dtype_bytes(lora ? base_dtype : torch::kFloat32));
+  const double b =
+      double(dtype_bytes(lora ? base_dtype : full_weights_dtype(cfg)));
   const double act_b = double(dtype_bytes(base_dtype));
   const double params = double(model_parameter_count(m));
   const double T = double(cfg.max_seq_len), C = double(m.hidden_size);
@@ -71,8 +73,11 @@ FinetuneMemory finetune_memory(
       lora ? double(lora_parameter_count(m, lora_spec(cfg))) : params;
   if (lora)
     r.trainable = trained * 4;
-  r.gradients = trained * 4;
-  r.optimizer = trained * 8;
+  r.gradients = trained * (lora ? 4 : b);
+  // Two float32 moments, or two bytes and a float32 scale per 256 values.
+  r.optimizer = finetune_optimizer_options(cfg).adam_8bit
+      ? trained * (2 + 8.0 / double(kBlock))
+      : trained * 8;
   // Per token and layer, what the backward keeps: the norms' float32
   // inputs, q/k/v and their rotations, attention output, the MLP's four
   // intermediate vectors; LoRA with dropout adds each adapter's dropped

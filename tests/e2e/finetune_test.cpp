@@ -65,6 +65,14 @@ std::vector<std::string> lora_args(const std::string& data, int steps) {
       "cpu"};
 }
 
+// lora_args for stage=full: no lora.* keys.
+std::vector<std::string> full_args(const std::string& data, int steps) {
+  auto args = lora_args(data, steps);
+  args[1] = "stage=full";
+  std::erase_if(args, [](const std::string& a) { return a.rfind("lora.", 0) == 0; });
+  return args;
+}
+
 std::map<std::string, torch::Tensor> adapter_of(const std::string& dir) {
   return safetensors::load(dir + "/adapter_model.safetensors");
 }
@@ -312,14 +320,7 @@ TEST(Finetune, LoraOnAFourBitBaseTrainsAndWritesAnAdapter) {
 TEST(Finetune, FullFineTuningWritesAModelFolder) {
   TempDir tmp;
   const std::string data = write_chats(tmp);
-  auto args = lora_args(data, 2);
-  args[1] = "stage=full";
-  args.erase(
-      std::remove_if(
-          args.begin(),
-          args.end(),
-          [](const std::string& a) { return a.rfind("lora.", 0) == 0; }),
-      args.end());
+  auto args = full_args(data, 2);
   auto r = run_orchard(
       args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -341,6 +342,42 @@ TEST(Finetune, FullFineTuningWritesAModelFolder) {
        "--device",
        "cpu"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+// Full fine-tuning in bfloat16 weights with 8-bit moments: trains, writes
+// bfloat16 weights that moved, checkpoints the 8-bit state, and a resume
+// asking for the other optimizer is refused with what to do.
+TEST(Finetune, Bfloat16WeightsAndEightBitMomentsTrainAndResumeOnlyAsMade) {
+  TempDir tmp;
+  const std::string data = write_chats(tmp);
+  auto args = full_args(data, 4);
+  args.push_back("weights_dtype=bfloat16");
+  args.push_back("optim=adamw_8bit");
+  auto r = run_orchard(
+      args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("bfloat16 weights (stochastic rounding)"), std::string::npos)
+      << r.out;
+  auto w = safetensors::load(tmp.file("runs/full/llama/model"));
+  auto base = safetensors::load(kLlama + "/model.safetensors");
+  const std::string key = "model.layers.0.mlp.up_proj.weight";
+  EXPECT_EQ(w[key].scalar_type(), torch::kBFloat16);
+  EXPECT_FALSE(torch::equal(w[key].to(torch::kFloat32), base[key].to(torch::kFloat32)));
+  // The checkpoint holds 8-bit codes, not float32 moments.
+  bool codes = false, moments = false;
+  for (const auto& e : fs::recursive_directory_iterator(tmp.file("runs/full/llama/checkpoints")))
+    if (e.path().extension() == ".safetensors")
+      for (const auto& [k, t] : safetensors::load(e.path().string())) {
+        codes = codes || k.ends_with(".exp_avg.q8");
+        moments = moments || k.ends_with(".exp_avg");
+      }
+  EXPECT_TRUE(codes);
+  EXPECT_FALSE(moments);
+  auto more = with(args, {"max_steps=6", "optim=adamw_torch"});
+  r = run_orchard(more, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("resume with the optimizer it was made with"), std::string::npos)
+      << r.err;
 }
 
 // Llama 3.2 3B's config.json (transformers' values) in <dir>/l3b: the
@@ -730,6 +767,16 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
        "data=" + data,
        "load_in_4bit=true"},
       "Use stage=lora");
+  expect_error(
+      {"train",
+       "stage=lora",
+       "model=" + kLlama,
+       "data=" + data,
+       "weights_dtype=bfloat16"},
+      "weights_dtype=bfloat16 sets how full fine-tuning holds");
+  expect_error(
+      {"train", "stage=full", "model=" + kLlama, "data=" + data, "optim=sgd"},
+      "adamw_8bit");
   expect_error(
       {"lora",
        "merge",

@@ -157,6 +157,9 @@ TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   r = with({"min_p=1.5"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "min_p")) << r.err;
+  r = with({"weights_dtype=bfloat16"}); // LoRA: the base's dtype is dtype=
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "sets how finetune=full holds")) << r.err;
   r = with({"repetition_penalty=0"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "repetition_penalty")) << r.err;

@@ -56,6 +56,19 @@ void check_source(const GrpoConfig& cfg) {
         "load_in_4bit=true holds a frozen base in 4 bits for LoRA; "
         "finetune=full trains every weight. Use finetune=lora or drop "
         "load_in_4bit.");
+  if (cfg.weights_dtype != "float32") {
+    if (finetune_kind(cfg) == "lora")
+      throw UserError(
+          "weights_dtype=" + cfg.weights_dtype +
+          " sets how finetune=full holds the weights it trains; LoRA trains "
+          "float32 adapters on a frozen base whose dtype is dtype=. Drop "
+          "weights_dtype, or use finetune=full.");
+    if (!cfg.checkpoint.empty())
+      throw UserError(
+          "weights_dtype=" + cfg.weights_dtype +
+          " is for Hugging Face models (model=DIR) so far; an Orchard GPT "
+          "(checkpoint=) trains float32 weights. Drop weights_dtype.");
+  }
   if (!cfg.adapter.empty() && finetune_kind(cfg) != "lora")
     throw UserError("adapter= continues a LoRA adapter; it needs finetune=lora.");
 }
@@ -83,10 +96,13 @@ LoadedPolicy load_policy(
   if (!cfg.model.empty()) {
     models::LoadOptions lo;
     lo.device = dev;
-    lo.dtype = lora ? dtype : torch::kFloat32;
+    train::FinetuneConfig ft = cfg;
+    ft.stage = finetune_kind(cfg);
+    lo.dtype = lora ? dtype : train::full_weights_dtype(ft);
     lo.context = std::min(
         context, models::read_hf_config(cfg.model).max_position_embeddings);
     lo.load_in_4bit = lora && cfg.load_in_4bit;
+    lo.one_allocation = lora; // a frozen base
     p.llama = models::load_hf_model(cfg.model, lo);
     p.llama->gradient_checkpointing = cfg.gradient_checkpointing;
     p.model = p.llama.ptr();
@@ -478,11 +494,8 @@ class GrpoStage : public Stage {
          .lr = cfg.lr.value_or(lora ? 1e-5 : 1e-6),
          .weight_decay = cfg.weight_decay,
          .muon = false}};
-    OptimizerOptions oo;
-    oo.adam_beta1 = cfg.adam_beta1;
-    oo.adam_beta2 = cfg.adam_beta2;
-    oo.adam_eps = cfg.adam_epsilon;
-    Optimizers optimizers(std::move(groups), oo);
+    Optimizers optimizers(
+        std::move(groups), train::finetune_optimizer_options(cfg));
 
     Precision precision;
     if (lora) {
@@ -491,8 +504,9 @@ class GrpoStage : public Stage {
       precision.name = dtype_name(dtype) + " base (frozen), float32 adapters";
       precision.why = "LoRA";
     } else {
-      precision = resolve_precision(
-          cfg.fp16 ? "float16" : cfg.bf16 ? "bfloat16" : cfg.dtype, device);
+      train::FinetuneConfig ft = cfg;
+      ft.stage = "full";
+      precision = train::full_precision(ft, device);
     }
 
     int64_t B = shape.micro_batch;
