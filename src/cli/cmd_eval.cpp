@@ -94,28 +94,18 @@ Command register_eval(CLI::App& root) {
             int64_t solved = 0, guesses_when_solved = 0, invalid = 0;
             for (size_t g = 0; g < secrets.size(); ++g) {
               const std::string& secret = secrets[g];
-              std::vector<std::string> guesses;
-              bool won = false;
-              for (int turn = 0; turn < 6 && !won; ++turn) {
-                const grpo::Example e = grpo::wordle::turn_example(secret, guesses);
-                std::vector<text::Message> msgs;
-                for (const auto& x : e.messages)
-                  msgs.push_back({x["role"], x["content"]});
-                infer::SamplingOptions so = st->sampling;
-                so.seed = seed + g * 7 + size_t(turn);
-                std::string reply = chat.reply(msgs, so);
-                std::string guess = grpo::last_tagged(reply, "guess");
-                std::string w;
-                for (char c : guess)
-                  if (!std::isspace(static_cast<unsigned char>(c)))
-                    w += char(std::tolower(static_cast<unsigned char>(c)));
-                if (!lookup.count(w)) {
-                  ++invalid; // a turn lost: no feedback for a non-word
-                  continue;
-                }
-                guesses.push_back(w);
-                won = w == secret;
-              }
+              const grpo::wordle::Game game = grpo::wordle::play(
+                  secret, lookup, [&](const grpo::Example& e, int turn) {
+                    std::vector<text::Message> msgs;
+                    for (const auto& x : e.messages)
+                      msgs.push_back({x["role"], x["content"]});
+                    infer::SamplingOptions so = st->sampling;
+                    so.seed = seed + g * 7 + size_t(turn);
+                    return chat.reply(msgs, so);
+                  });
+              const auto& guesses = game.guesses;
+              const bool won = game.solved;
+              invalid += game.lost_turns;
               if (won) {
                 ++solved;
                 guesses_when_solved += int64_t(guesses.size());

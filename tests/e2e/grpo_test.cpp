@@ -140,6 +140,48 @@ TEST(GrpoCli, LoraRunWritesAnAdapterAndResumesExactlyAfterSigkill) {
     EXPECT_TRUE(torch::equal(t, got.at(k))) << k << " differs after the resume";
 }
 
+// Out of memory in a GRPO step (injected: a micro-step of more than 2 rows
+// fails after taking its rows): the micro-batch is halved and the step
+// redone from the same rollouts, and the adapter equals a run made with 2
+// rows and twice the accumulation from the start (the same 16 completions
+// per generation).
+TEST(GrpoCli, OutOfMemoryHalvesTheMicroBatchAndKeepsTheRollouts) {
+  TempDir dir;
+  write_sums(dir);
+  auto args = [&](const std::string& run) {
+    auto a = grpo_args(dir, run);
+    for (auto& x : a)
+      if (x.rfind("max_steps=", 0) == 0)
+        x = "max_steps=3";
+    return a;
+  };
+  auto r = run_orchard(
+      args("oom"), {{"ORCHARD_HOME", dir.file("home")}, {"ORCHARD_TEST_OOM_ROWS", "2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(
+      r.out,
+      "Out of memory at step 1 with device_batch_size=4: halved to 2, "
+      "gradient accumulation now 4"))
+      << r.out;
+  auto small = args("small");
+  for (auto& x : small) {
+    if (x.rfind("per_device_train_batch_size=", 0) == 0)
+      x = "per_device_train_batch_size=2";
+    if (x.rfind("gradient_accumulation_steps=", 0) == 0)
+      x = "gradient_accumulation_steps=4";
+    if (x.rfind("steps_per_generation=", 0) == 0)
+      x = "steps_per_generation=8";
+  }
+  r = run_orchard(small, {{"ORCHARD_HOME", dir.file("home")}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "Rollouts: 4 prompts x 4 completions")) << r.out;
+  auto got = adapter_of(dir, "oom"), want = adapter_of(dir, "small");
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [k, t] : want)
+    EXPECT_TRUE(torch::allclose(got.at(k), t, 1e-4, 1e-6))
+        << k << " max diff " << (got.at(k) - t).abs().max().item<double>();
+}
+
 TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   TempDir dir;
   write_sums(dir);
@@ -283,6 +325,29 @@ TEST(GrpoCli, DataWordleWritesTurnsWithTheirFeedback) {
   r = run_orchard({"eval", "env=chess", "--model", kLlama});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("env=wordle"), std::string::npos) << r.err;
+  // Whole games from the command line: the tiny random model (its positions
+  // raised so the rules fit) never answers a word in <guess>, so every
+  // turn of both games is lost and none is solved (the default word
+  // list, wamerican's).
+  namespace fs = std::filesystem;
+  fs::create_directories(dir.file("model"));
+  for (const auto& e : fs::directory_iterator(kLlama))
+    fs::copy(e.path(), fs::path(dir.file("model")) / e.path().filename());
+  auto cfg = nlohmann::json::parse(test::read_text(dir.file("model/config.json")));
+  cfg["max_position_embeddings"] = 4096;
+  dir.write("model/config.json", cfg.dump());
+  r = run_orchard({"eval", "env=wordle", "games=2", "--model", dir.file("model"), "--max-new-tokens", "4",
+                   "--device", "cpu"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("game 2/2: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("not solved in 0 guess(es)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Wordle: solved 0 of 2 games (0.0 %), mean guesses when "
+                       "solved -, 12 turn(s) lost"),
+            std::string::npos)
+      << r.out;
+  r = run_orchard({"eval", "env=wordle", "games=0", "--model", dir.file("model")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("play at least one game"), std::string::npos) << r.err;
 }
 
 } // namespace

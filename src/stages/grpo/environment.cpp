@@ -546,6 +546,27 @@ Example turn_example(
   return e;
 }
 
+Game play(
+    const std::string& secret,
+    const std::set<std::string>& lookup,
+    const std::function<std::string(const Example& turn, int index)>& reply) {
+  Game game;
+  for (int turn = 0; turn < 6 && !game.solved; ++turn) {
+    const std::string answer = reply(turn_example(secret, game.guesses), turn);
+    std::string word;
+    for (char c : last_tagged(answer, "guess"))
+      if (!std::isspace(static_cast<unsigned char>(c)))
+        word += char(std::tolower(static_cast<unsigned char>(c)));
+    if (!lookup.count(word)) {
+      ++game.lost_turns;
+      continue;
+    }
+    game.guesses.push_back(word);
+    game.solved = word == secret;
+  }
+  return game;
+}
+
 std::vector<Example> make_turns(
     const std::vector<std::string>& words,
     int64_t count,

@@ -18,7 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +107,21 @@ std::vector<Example> make_turns(
 Example turn_example(
     const std::string& secret,
     const std::vector<std::string>& guesses);
+
+// One whole game as `orchard eval env=wordle` plays it: up to six turns,
+// each asking `reply` for an answer to the turn's prompt (turn_example with
+// the valid guesses so far); the word in its last <guess>...</guess>,
+// spaces dropped and lower-cased, counts when it is in `lookup`, and a turn
+// whose answer is not a word is lost (no feedback). Ends when solved.
+struct Game {
+  std::vector<std::string> guesses; // the valid ones, in order
+  int64_t lost_turns = 0;           // answers that were not a word
+  bool solved = false;
+};
+Game play(
+    const std::string& secret,
+    const std::set<std::string>& lookup,
+    const std::function<std::string(const Example& turn, int index)>& reply);
 } // namespace wordle
 
 } // namespace orchard::grpo
