@@ -266,8 +266,15 @@ class GrpoStage : public Stage {
           {"fits", p.choice.fits}}}};
     out.text = "Model: " + cfg.model + " (" + mc.architecture + "), GRPO " +
         finetune_kind(cfg) + ", " +
-        (cfg.load_in_4bit ? "4-bit NF4 base computing in " + dtype_name(dtype)
-                          : dtype_name(dtype) + " base") +
+        (finetune_kind(cfg) == "full"
+             ? (cfg.weights_dtype == "bfloat16" ? std::string("bfloat16")
+                                                : std::string("float32")) +
+                 " weights, " +
+                 (train::finetune_optimizer_options(cfg).adam_8bit
+                      ? "8-bit AdamW moments"
+                      : "float32 AdamW moments")
+         : cfg.load_in_4bit ? "4-bit NF4 base computing in " + dtype_name(dtype)
+                            : dtype_name(dtype) + " base") +
         "; " + std::to_string(gb) + " completions per generation (" +
         std::to_string(gb / cfg.num_generations) + " prompts x " +
         std::to_string(cfg.num_generations) + ") of up to " +
