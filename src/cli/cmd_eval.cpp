@@ -6,13 +6,9 @@
 #include "core/error.h"
 #include "infer/chat.h"
 #include "stages/grpo/environment.h"
-#include "stages/grpo/wordle.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <memory>
-#include <random>
 #include <set>
 
 namespace orchard::cli {

@@ -203,7 +203,8 @@ torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg) {
         "weights_dtype=" + cfg.weights_dtype +
         " sets how full fine-tuning holds the weights it trains; LoRA trains "
         "float32 adapters on a frozen base whose dtype is dtype=. Drop "
-        "weights_dtype, or use full fine-tuning.");
+        "weights_dtype, or use full fine-tuning (stage=full; for GRPO "
+        "finetune=full).");
   return torch::kBFloat16;
 }
 

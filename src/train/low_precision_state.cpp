@@ -5,10 +5,6 @@ namespace {
 
 constexpr double kTiny = 1e-30; // an all-zero block divides by this
 
-int64_t whole_blocks(int64_t n) {
-  return (n + kBlock - 1) / kBlock * kBlock;
-}
-
 } // namespace
 
 Quantized8 zero_quantized(

@@ -34,6 +34,11 @@ namespace orchard::train {
 
 constexpr int64_t kBlock = 256;
 
+// n rounded up to whole blocks.
+inline int64_t whole_blocks(int64_t n) {
+  return (n + kBlock - 1) / kBlock * kBlock;
+}
+
 // Codes of one moment for a tensor of n values: int8 (m) or uint8 (v),
 // padded to whole blocks, and one float32 scale per block.
 struct Quantized8 {

@@ -92,7 +92,7 @@ void Optimizers::adamw_slices(
       std::max<int64_t>(kBlock, options_.adam_slice_elements / kBlock * kBlock);
   for (int64_t from = 0; from < n; from += slice) {
     const int64_t len = std::min(slice, n - from);
-    const int64_t padded = q8 ? (len + kBlock - 1) / kBlock * kBlock : len;
+    const int64_t padded = q8 ? whole_blocks(len) : len;
     auto g32 = grad.narrow(0, from, len).to(torch::kFloat32);
     if (padded != len)
       g32 = torch::constant_pad_nd(g32, {0, padded - len});
@@ -122,13 +122,15 @@ void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
   const auto& g = groups_[gi];
   auto& states = adam_[gi];
   const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
-  // 8-bit moments and bfloat16 weights: a tensor at a time, in slices.
+  // 8-bit moments and bfloat16 weights: a tensor at a time, in slices;
+  // the rest below, together.
+  auto sliced = [&](const torch::Tensor& p) {
+    return options_.adam_8bit || p.scalar_type() == torch::kBFloat16;
+  };
   c10::optional<at::Generator> gen;
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& p = g.params[i].second;
-    if (!p.grad().defined())
-      continue;
-    if (!options_.adam_8bit && p.scalar_type() != torch::kBFloat16)
+    if (!p.grad().defined() || !sliced(p))
       continue;
     if (p.scalar_type() == torch::kBFloat16 && !gen) {
       // A stream of its own per step and group: the same on resume.
@@ -138,8 +140,6 @@ void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
     }
     adamw_slices(p, states[i], lr, g.weight_decay, gen);
   }
-  if (options_.adam_8bit)
-    return;
   // Tensors with a gradient, bucketed by their step count (one bucket
   // unless some tensor missed a step), device and dtype: each bucket is one
   // set of multi-tensor launches.
@@ -148,7 +148,7 @@ void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
     const auto& p = g.params[i].second;
     if (!p.grad().defined())
       continue; // no gradient, no update, no step (as torch's AdamW)
-    if (p.scalar_type() == torch::kBFloat16)
+    if (sliced(p))
       continue; // above
     auto& s = states[i];
     if (!s.exp_avg.defined()) {
@@ -335,7 +335,7 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
             throw mismatch(name, "does not match the model");
           return it->second.to(p.device()).clone();
         };
-        const int64_t padded = (p.numel() + kBlock - 1) / kBlock * kBlock;
+        const int64_t padded = whole_blocks(p.numel());
         s.avg8 = {get(".exp_avg.q8", torch::kChar, padded),
                   get(".exp_avg.absmax", torch::kFloat32, padded / kBlock)};
         s.sq8 = {get(".exp_avg_sq.q8", torch::kByte, padded),

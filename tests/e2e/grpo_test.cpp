@@ -201,7 +201,16 @@ TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   EXPECT_TRUE(contains(r.err, "min_p")) << r.err;
   r = with({"weights_dtype=bfloat16"}); // LoRA: the base's dtype is dtype=
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.err, "sets how finetune=full holds")) << r.err;
+  EXPECT_TRUE(contains(r.err, "weights_dtype=bfloat16 sets how full fine-tuning holds"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "finetune=full")) << r.err;
+  // An Orchard GPT trains float32 weights; refused before anything is read.
+  r = run_orchard({"train", "stage=grpo", "checkpoint=" + dir.file("no-such-run"),
+                   "weights_dtype=bfloat16", "env=wordnet", "--device", "cpu"},
+                  env);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "weights_dtype=bfloat16 is for Hugging Face models"))
+      << r.err;
   r = with({"repetition_penalty=0"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "repetition_penalty")) << r.err;

@@ -662,8 +662,7 @@ Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
   if (opt.one_allocation && !opt.load_in_4bit) {
     int64_t total = 0;
     for (const auto& name : reader.names()) {
-      const bool weight = name.size() > 7 &&
-          (name.ends_with(".weight") || name.ends_with(".bias"));
+      const bool weight = name.ends_with(".weight") || name.ends_with(".bias");
       if (!weight || (c.tie_word_embeddings && name == "lm_head.weight"))
         continue;
       int64_t n = 1;

@@ -56,19 +56,12 @@ void check_source(const GrpoConfig& cfg) {
         "load_in_4bit=true holds a frozen base in 4 bits for LoRA; "
         "finetune=full trains every weight. Use finetune=lora or drop "
         "load_in_4bit.");
-  if (cfg.weights_dtype != "float32") {
-    if (finetune_kind(cfg) == "lora")
-      throw UserError(
-          "weights_dtype=" + cfg.weights_dtype +
-          " sets how finetune=full holds the weights it trains; LoRA trains "
-          "float32 adapters on a frozen base whose dtype is dtype=. Drop "
-          "weights_dtype, or use finetune=full.");
-    if (!cfg.checkpoint.empty())
-      throw UserError(
-          "weights_dtype=" + cfg.weights_dtype +
-          " is for Hugging Face models (model=DIR) so far; an Orchard GPT "
-          "(checkpoint=) trains float32 weights. Drop weights_dtype.");
-  }
+  train::full_weights_dtype(grpo::as_finetune(cfg)); // refuses it with LoRA
+  if (cfg.weights_dtype != "float32" && !cfg.checkpoint.empty())
+    throw UserError(
+        "weights_dtype=" + cfg.weights_dtype +
+        " is for Hugging Face models (model=DIR) so far; an Orchard GPT "
+        "(checkpoint=) trains float32 weights. Drop weights_dtype.");
   if (!cfg.adapter.empty() && finetune_kind(cfg) != "lora")
     throw UserError("adapter= continues a LoRA adapter; it needs finetune=lora.");
 }
@@ -96,9 +89,7 @@ LoadedPolicy load_policy(
   if (!cfg.model.empty()) {
     models::LoadOptions lo;
     lo.device = dev;
-    train::FinetuneConfig ft = cfg;
-    ft.stage = finetune_kind(cfg);
-    lo.dtype = lora ? dtype : train::full_weights_dtype(ft);
+    lo.dtype = lora ? dtype : train::full_weights_dtype(grpo::as_finetune(cfg));
     lo.context = std::min(
         context, models::read_hf_config(cfg.model).max_position_embeddings);
     lo.load_in_4bit = lora && cfg.load_in_4bit;
@@ -267,9 +258,7 @@ class GrpoStage : public Stage {
     out.text = "Model: " + cfg.model + " (" + mc.architecture + "), GRPO " +
         finetune_kind(cfg) + ", " +
         (finetune_kind(cfg) == "full"
-             ? (cfg.weights_dtype == "bfloat16" ? std::string("bfloat16")
-                                                : std::string("float32")) +
-                 " weights, " +
+             ? cfg.weights_dtype + " weights, " +
                  (train::finetune_optimizer_options(cfg).adam_8bit
                       ? "8-bit AdamW moments"
                       : "float32 AdamW moments")
@@ -511,9 +500,7 @@ class GrpoStage : public Stage {
       precision.name = dtype_name(dtype) + " base (frozen), float32 adapters";
       precision.why = "LoRA";
     } else {
-      train::FinetuneConfig ft = cfg;
-      ft.stage = "full";
-      precision = train::full_precision(ft, device);
+      precision = train::full_precision(grpo::as_finetune(cfg), device);
     }
 
     int64_t B = shape.micro_batch;

@@ -12,6 +12,12 @@ std::string finetune_kind(const GrpoConfig& cfg) {
   return cfg.checkpoint.empty() ? "lora" : "full";
 }
 
+train::FinetuneConfig as_finetune(const GrpoConfig& cfg) {
+  train::FinetuneConfig ft = cfg;
+  ft.stage = finetune_kind(cfg);
+  return ft;
+}
+
 // GRPO's memory on top of fine-tuning's: the rollouts' KV cache and the
 // log-probability pass's logits (and a frozen reference for finetune=full
 // with beta > 0).
@@ -22,8 +28,7 @@ GrpoMemory grpo_memory(
     const GrpoConfig& cfg,
     torch::ScalarType dtype,
     int64_t micro) {
-  train::FinetuneConfig ft = cfg;
-  ft.stage = finetune_kind(cfg);
+  train::FinetuneConfig ft = as_finetune(cfg);
   ft.max_seq_len = cfg.max_prompt_length + cfg.max_completion_length;
   GrpoMemory m;
   m.finetune = train::finetune_memory(mc, ft, dtype, micro);
@@ -51,9 +56,7 @@ GrpoMemory grpo_memory(
 } // namespace
 
 torch::ScalarType grpo_dtype(const GrpoConfig& cfg, const DeviceInfo& device) {
-  train::FinetuneConfig ft = cfg;
-  ft.stage = finetune_kind(cfg);
-  return train::finetune_dtype(ft, device);
+  return train::finetune_dtype(as_finetune(cfg), device);
 }
 
 GrpoPlanRows plan_rows(

@@ -21,6 +21,11 @@ namespace orchard::grpo {
 // Orchard GPT.
 std::string finetune_kind(const GrpoConfig& cfg);
 
+// The fine-tuning part of `cfg` with its stage (lora|full) set as
+// finetune_kind says: what the fine-tuning helpers (dtypes, memory,
+// optimizer) read.
+train::FinetuneConfig as_finetune(const GrpoConfig& cfg);
+
 // The weights' dtype fine-tuning would use for these settings.
 torch::ScalarType grpo_dtype(const GrpoConfig& cfg, const DeviceInfo& device);
 
