@@ -1,11 +1,12 @@
-// `orchard data text|chat|wordnet|wordle`: prepare training data. Thin: parse, call
-// src/data, print the summary.
+// `orchard data text|chat|wordnet|wordle|sudoku`: prepare training data. Thin:
+// parse, call src/data, print the summary.
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "data/chat_prep.h"
+#include "data/puzzles.h"
 #include "data/text_prep.h"
 #include "data/wordnet.h"
-#include "core/files.h"
 #include "stages/grpo/environment.h"
 
 #include <nlohmann/json.hpp>
@@ -131,97 +132,147 @@ Command register_data(CLI::App& root) {
       wd_opt->held_out,
       "turns with the held-out secrets (a tenth of the words) instead");
 
-  return {app, [=] {
-            if (wordle->parsed()) {
-              const auto words = grpo::read_words(
-                  wd_opt->words.empty() ? grpo::default_word_list()
-                                        : wd_opt->words,
-                  5);
-              const auto turns = grpo::wordle::make_turns(
-                  words, wd_opt->count, wd_opt->seed, wd_opt->held_out);
-              if (turns.empty())
-                throw UserError(
-                    "the word list has too few words to make Wordle games; "
-                    "give --words FILE with more five-letter words.");
-              std::string text;
-              for (const auto& e : turns) {
-                nlohmann::json j = e.columns;
-                j["prompt"] = e.messages;
-                text += j.dump() + "\n";
-              }
-              atomic_write(wd_opt->out, text);
-              std::printf(
-                  "%zu Wordle turns from %zu five-letter words (seed %llu%s): "
-                  "wrote %s\n",
-                  turns.size(),
-                  words.size(),
-                  (unsigned long long)wd_opt->seed,
-                  wd_opt->held_out ? ", held-out secrets" : "",
-                  wd_opt->out.c_str());
-              return 0;
-            }
-            if (text->parsed()) {
-              auto tok = text::load_tokenizer(text_opt->tokenizer_path);
-              auto st = data::prepare_text(tok, *text_opt);
-              std::printf(
-                  "%zu document(s) from %zu file(s), %.1f MB: train %zu docs, "
-                  "%llu tokens in %zu shard(s); val %zu docs, %llu tokens in "
-                  "%zu shard(s). Wrote %s\n",
-                  st.documents,
-                  st.files,
-                  st.bytes / 1e6,
-                  st.train_documents,
-                  (unsigned long long)st.train_tokens,
-                  st.train_files.size(),
-                  st.val_documents,
-                  (unsigned long long)st.val_tokens,
-                  st.val_files.size(),
-                  text_opt->out.c_str());
-            } else if (chat->parsed()) {
-              auto tok = text::load_tokenizer(*chat_tok);
-              auto tmpl =
-                  text::open_chat_template(*chat_tok, tok, *chat_family);
-              auto st = data::prepare_chat(tok, tmpl, *chat_opt);
-              std::printf(
-                  "%zu record(s) from %zu file(s) (template: %s): wrote %zu "
-                  "conversations, %llu tokens (%llu trained on), %zu truncated "
-                  "to %zu tokens, %zu bad record(s) skipped.\nWrote %s\n",
-                  st.records,
-                  st.files,
-                  tmpl.describe().c_str(),
-                  st.written,
-                  (unsigned long long)st.tokens,
-                  (unsigned long long)st.trained_tokens,
-                  st.truncated,
-                  chat_opt->max_length,
-                  st.bad,
-                  st.path.c_str());
-              for (const auto& e : st.bad_examples)
-                std::printf("  skipped: %s\n", e.c_str());
-              if (st.bad > st.bad_examples.size())
-                std::printf(
-                    "  ... and %zu more\n", st.bad - st.bad_examples.size());
-            } else if (wordnet->parsed()) {
-              if (wn_opt->out.empty())
-                wn_opt->out = default_data_dir() + "/wordnet";
-              auto st = data::build_wordnet_corpus(*wn_opt);
-              std::printf(
-                  "WordNet (%s): %zu synsets, %zu headwords (%zu held out).\n"
-                  "  text: %zu train / %zu val documents\n"
-                  "  chat: %zu train / %zu val conversations\n"
-                  "Wrote %s/{text,chat}_{train,val}.jsonl\n",
-                  st.wordnet_dir.c_str(),
-                  st.synsets,
-                  st.headwords,
-                  st.val_headwords,
-                  st.train_documents,
-                  st.val_documents,
-                  st.train_chats,
-                  st.val_chats,
-                  wn_opt->out.c_str());
-            }
-            return 0;
-          }};
+  auto sd_opt = std::make_shared<data::SudokuDataOptions>();
+  CLI::App* sudoku = app->add_subcommand(
+      "sudoku",
+      "Generate Sudoku with exactly one solution for stage=trm (train.csv, "
+      "test.csv and puzzles.csv in Sudoku-Extreme's layout, dataset.json)");
+  sudoku->add_option("--count", sd_opt->count, "puzzles before augmentation")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(2), int64_t(100'000'000)));
+  sudoku->add_option("--size", sd_opt->n, "side: 4, 6 or 9")
+      ->capture_default_str();
+  sudoku->add_option("--out", sd_opt->out, "the folder to write")->required();
+  sudoku->add_option(
+      "--givens", sd_opt->givens, "MIN-MAX givens kept, such as 26-36");
+  sudoku
+      ->add_option(
+          "--difficulty",
+          sd_opt->difficulty,
+          "auto (easy for 9x9, minimal otherwise), easy (26-36 givens), hard "
+          "(<= 25, not solved by singles), extreme (minimal, not by singles, "
+          "long search), minimal, any")
+      ->capture_default_str();
+  sudoku
+      ->add_option(
+          "--augment",
+          sd_opt->augment,
+          "symmetric copies of each training puzzle (digits relabelled, "
+          "bands, stacks, rows, columns, transpose)")
+      ->capture_default_str();
+  sudoku->add_option("--test-fraction", sd_opt->test_fraction, "share held out")
+      ->capture_default_str();
+  sudoku->add_option("--seed", sd_opt->seed, "seed")->capture_default_str();
+
+  return {
+      app, [=] {
+        if (sudoku->parsed()) {
+          const auto s = data::write_sudoku_dataset(*sd_opt);
+          std::printf(
+              "%lld %dx%d Sudoku with one solution each: %lld train "
+              "(%lld rows with augmentation), %lld held out (%s); %s.\nWrote %s "
+              "(train.csv, test.csv, puzzles.csv, dataset.json)\n",
+              (long long)sd_opt->count,
+              sd_opt->n,
+              sd_opt->n,
+              (long long)s.train,
+              (long long)s.train_rows,
+              (long long)s.test,
+              s.by_class ? "no held-out puzzle's symmetry class in training"
+                         : "too few symmetry classes to keep apart: split "
+                           "by puzzle, none of them in training",
+              s.difficulty_text.c_str(),
+              sd_opt->out.c_str());
+          return 0;
+        }
+        if (wordle->parsed()) {
+          const auto words = grpo::read_words(
+              wd_opt->words.empty() ? grpo::default_word_list() : wd_opt->words,
+              5);
+          const auto turns = grpo::wordle::make_turns(
+              words, wd_opt->count, wd_opt->seed, wd_opt->held_out);
+          if (turns.empty())
+            throw UserError(
+                "the word list has too few words to make Wordle games; "
+                "give --words FILE with more five-letter words.");
+          std::string text;
+          for (const auto& e : turns) {
+            nlohmann::json j = e.columns;
+            j["prompt"] = e.messages;
+            text += j.dump() + "\n";
+          }
+          atomic_write(wd_opt->out, text);
+          std::printf(
+              "%zu Wordle turns from %zu five-letter words (seed %llu%s): "
+              "wrote %s\n",
+              turns.size(),
+              words.size(),
+              (unsigned long long)wd_opt->seed,
+              wd_opt->held_out ? ", held-out secrets" : "",
+              wd_opt->out.c_str());
+          return 0;
+        }
+        if (text->parsed()) {
+          auto tok = text::load_tokenizer(text_opt->tokenizer_path);
+          auto st = data::prepare_text(tok, *text_opt);
+          std::printf(
+              "%zu document(s) from %zu file(s), %.1f MB: train %zu docs, "
+              "%llu tokens in %zu shard(s); val %zu docs, %llu tokens in "
+              "%zu shard(s). Wrote %s\n",
+              st.documents,
+              st.files,
+              st.bytes / 1e6,
+              st.train_documents,
+              (unsigned long long)st.train_tokens,
+              st.train_files.size(),
+              st.val_documents,
+              (unsigned long long)st.val_tokens,
+              st.val_files.size(),
+              text_opt->out.c_str());
+        } else if (chat->parsed()) {
+          auto tok = text::load_tokenizer(*chat_tok);
+          auto tmpl = text::open_chat_template(*chat_tok, tok, *chat_family);
+          auto st = data::prepare_chat(tok, tmpl, *chat_opt);
+          std::printf(
+              "%zu record(s) from %zu file(s) (template: %s): wrote %zu "
+              "conversations, %llu tokens (%llu trained on), %zu truncated "
+              "to %zu tokens, %zu bad record(s) skipped.\nWrote %s\n",
+              st.records,
+              st.files,
+              tmpl.describe().c_str(),
+              st.written,
+              (unsigned long long)st.tokens,
+              (unsigned long long)st.trained_tokens,
+              st.truncated,
+              chat_opt->max_length,
+              st.bad,
+              st.path.c_str());
+          for (const auto& e : st.bad_examples)
+            std::printf("  skipped: %s\n", e.c_str());
+          if (st.bad > st.bad_examples.size())
+            std::printf(
+                "  ... and %zu more\n", st.bad - st.bad_examples.size());
+        } else if (wordnet->parsed()) {
+          if (wn_opt->out.empty())
+            wn_opt->out = default_data_dir() + "/wordnet";
+          auto st = data::build_wordnet_corpus(*wn_opt);
+          std::printf(
+              "WordNet (%s): %zu synsets, %zu headwords (%zu held out).\n"
+              "  text: %zu train / %zu val documents\n"
+              "  chat: %zu train / %zu val conversations\n"
+              "Wrote %s/{text,chat}_{train,val}.jsonl\n",
+              st.wordnet_dir.c_str(),
+              st.synsets,
+              st.headwords,
+              st.val_headwords,
+              st.train_documents,
+              st.val_documents,
+              st.train_chats,
+              st.val_chats,
+              wn_opt->out.c_str());
+        }
+        return 0;
+      }};
 }
 
 } // namespace orchard::cli

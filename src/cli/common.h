@@ -92,5 +92,6 @@ Command register_chat(CLI::App& root);
 Command register_serve(CLI::App& root);
 Command register_lora(CLI::App& root);
 Command register_eval(CLI::App& root);
+Command register_solve(CLI::App& root);
 
 } // namespace orchard::cli

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
       cli::register_serve(app),
       cli::register_lora(app),
       cli::register_eval(app),
+      cli::register_solve(app),
   };
   try {
     configure_cpu_threads();

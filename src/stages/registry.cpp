@@ -4,6 +4,7 @@
 #include "stages/finetune_stages.h"
 #include "stages/gpt_stages.h"
 #include "stages/grpo/grpo_stage.h"
+#include "stages/trm/trm_stage.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -58,7 +59,8 @@ const std::vector<const Stage*>& all_stages() {
       &sft_stage(),
       &lora_stage(),
       &full_stage(),
-      &grpo_stage()};
+      &grpo_stage(),
+      &trm_stage()};
   return stages;
 }
 

@@ -1,6 +1,6 @@
 // What a stage is, and the registry of stages by name.
 //
-// A stage (base, mid, sft, lora, full, grpo; TRM next) is one entry
+// A stage (base, mid, sft, lora, full, grpo, trm) is one entry
 // here: its config section (a struct and its schema, src/core/config.h),
 // how it trains (the task it hands the Trainer, src/train/trainer.h), its
 // memory plan, the samples drawn from the finished model and the commands

@@ -74,14 +74,15 @@ void Optimizers::adamw_slices(
   const double bc1 = 1 - std::pow(b1, double(step));
   const double bc2 = 1 - std::pow(b2, double(step));
   const bool q8 = options_.adam_8bit;
-  const bool narrow = p.scalar_type() != torch::kFloat32 &&
-      p.scalar_type() != torch::kFloat64;
+  const bool narrow =
+      p.scalar_type() != torch::kFloat32 && p.scalar_type() != torch::kFloat64;
   const int64_t n = p.numel();
   if (q8 && !s.avg8.codes.defined()) {
     s.avg8 = zero_quantized(n, true, p.options());
     s.sq8 = zero_quantized(n, false, p.options());
   } else if (!q8 && !s.exp_avg.defined()) {
-    const auto o = p.options().dtype(narrow ? torch::kFloat32 : p.scalar_type());
+    const auto o =
+        p.options().dtype(narrow ? torch::kFloat32 : p.scalar_type());
     s.exp_avg = torch::zeros(p.sizes(), o);
     s.exp_avg_sq = torch::zeros(p.sizes(), o);
   }
@@ -105,8 +106,12 @@ void Optimizers::adamw_slices(
     auto w = flat.narrow(0, from, len);
     auto w32 = narrow ? w.to(torch::kFloat32) : w;
     w32.mul_(1 - lr * weight_decay);
-    auto denom = v.narrow(0, 0, len).sqrt().div_(std::sqrt(bc2)).add_(options_.adam_eps);
-    w32.addcdiv_(m.narrow(0, 0, len).to(w32.scalar_type()), denom.to(w32.scalar_type()), -lr / bc1);
+    auto denom =
+        v.narrow(0, 0, len).sqrt().div_(std::sqrt(bc2)).add_(options_.adam_eps);
+    w32.addcdiv_(
+        m.narrow(0, 0, len).to(w32.scalar_type()),
+        denom.to(w32.scalar_type()),
+        -lr / bc1);
     if (p.scalar_type() == torch::kBFloat16)
       stochastic_round_into(w, w32, gen);
     else if (narrow)
@@ -136,7 +141,8 @@ void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
       // A stream of its own per step and group: the same on resume.
       gen = at::globalContext().defaultGenerator(p.device()).clone();
       gen->set_current_seed(
-          options_.seed * 0x9E3779B97F4A7C15ull + uint64_t(opt_step) * 1000003ull + gi);
+          options_.seed * 0x9E3779B97F4A7C15ull +
+          uint64_t(opt_step) * 1000003ull + gi);
     }
     adamw_slices(p, states[i], lr, g.weight_decay, gen);
   }
@@ -196,6 +202,41 @@ void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
   }
 }
 
+void Optimizers::adam_atan2_step(size_t gi, double lr) {
+  const auto& g = groups_[gi];
+  const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const auto& p = g.params[i].second;
+    if (!p.grad().defined())
+      continue;
+    auto& s = adam_[gi][i];
+    if (!s.exp_avg.defined()) {
+      s.exp_avg = torch::zeros_like(p);
+      s.exp_avg_sq = torch::zeros_like(p);
+    }
+    const auto grad = p.grad();
+    s.exp_avg.mul_(b1).add_(grad, 1 - b1);
+    s.exp_avg_sq.mul_(b2).addcmul_(grad, grad, 1 - b2);
+    const int64_t step = ++s.step;
+    const double bc1 = 1 - std::pow(b1, double(step));
+    const double bc2 = 1 - std::pow(b2, double(step));
+    p.mul_(1 - lr * g.weight_decay);
+    p.add_(torch::atan2(s.exp_avg / bc1, (s.exp_avg_sq / bc2).sqrt()), -lr);
+  }
+}
+
+void Optimizers::sign_sgd_step(size_t gi, double lr) {
+  const auto& g = groups_[gi];
+  for (const auto& [name, p] : g.params) {
+    if (!p.grad().defined())
+      continue;
+    TORCH_CHECK(p.dim() == 2, "[sign_sgd] ", name, " is not a matrix");
+    const auto grad = p.grad();
+    const auto used = grad.ne(0).any(1, /*keepdim=*/true).to(p.scalar_type());
+    p.sub_(used * (lr * g.weight_decay * p + lr * grad.sign()));
+  }
+}
+
 void Optimizers::zero_grad() {
   for (const auto& g : groups_)
     for (const auto& [name, p] : g.params)
@@ -205,9 +246,15 @@ void Optimizers::zero_grad() {
 
 void Optimizers::step(double lr_multiplier, int64_t step) {
   torch::NoGradGuard no_grad;
-  for (size_t gi = 0; gi < groups_.size(); ++gi)
-    if (!groups_[gi].muon)
-      adamw_step(gi, groups_[gi].lr * lr_multiplier, step);
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const double lr = groups_[gi].lr * lr_multiplier;
+    if (groups_[gi].rule == "adam_atan2")
+      adam_atan2_step(gi, lr);
+    else if (groups_[gi].rule == "sign_sgd")
+      sign_sgd_step(gi, lr);
+    else if (!groups_[gi].muon)
+      adamw_step(gi, lr, step);
+  }
   const double frac = options_.muon_momentum_warmup > 0
       ? std::min(1.0, double(step) / double(options_.muon_momentum_warmup))
       : 1.0;
@@ -246,18 +293,25 @@ std::vector<torch::Tensor> Optimizers::parameters() const {
 }
 
 std::string Optimizers::describe() const {
-  std::string muon, adam;
+  // Groups by rule, in the order rules first appear.
+  std::vector<std::pair<std::string, std::string>> rules;
   for (const auto& g : groups_) {
-    auto& s = g.muon ? muon : adam;
-    s += (s.empty() ? "" : ", ") + g.name + " lr " + fmt_lr(g.lr);
+    const std::string rule = g.muon ? "Muon"
+        : g.rule == "adam_atan2"    ? "AdamATan2"
+        : g.rule == "sign_sgd"      ? "SignSGD"
+        : options_.adam_8bit        ? "AdamW, 8-bit moments"
+                                    : "AdamW";
+    auto it = std::find_if(rules.begin(), rules.end(), [&](const auto& r) {
+      return r.first == rule;
+    });
+    if (it == rules.end())
+      it = rules.insert(rules.end(), {rule, ""});
+    it->second +=
+        (it->second.empty() ? "" : ", ") + g.name + " lr " + fmt_lr(g.lr);
   }
   std::string out;
-  if (!muon.empty())
-    out = "Muon (" + muon + ")";
-  if (!adam.empty())
-    out += (out.empty() ? "" : " + ") +
-        std::string(options_.adam_8bit ? "AdamW, 8-bit moments (" : "AdamW (") +
-        adam + ")";
+  for (const auto& [rule, list] : rules)
+    out += (out.empty() ? "" : " + ") + rule + " (" + list + ")";
   return out;
 }
 
@@ -322,24 +376,28 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
           (saved8 || saved.count(name + ".exp_avg")))
         throw UserError(
             "the checkpoint's AdamW state for '" + name + "' is " +
-            (saved8 ? "8-bit (optim=adamw_8bit)" : "32-bit (optim=adamw_torch)") +
+            (saved8 ? "8-bit (optim=adamw_8bit)"
+                    : "32-bit (optim=adamw_torch)") +
             " but this run asks for " +
             (options_.adam_8bit ? "optim=adamw_8bit" : "optim=adamw_torch") +
             "; resume with the optimizer it was made with, or start over "
             "with resume=never.");
       if (saved8) {
-        auto get = [&](const std::string& key, torch::ScalarType dtype, int64_t n) {
-          auto it = saved.find(name + key);
-          if (it == saved.end() || it->second.scalar_type() != dtype ||
-              it->second.numel() != n)
-            throw mismatch(name, "does not match the model");
-          return it->second.to(p.device()).clone();
-        };
+        auto get =
+            [&](const std::string& key, torch::ScalarType dtype, int64_t n) {
+              auto it = saved.find(name + key);
+              if (it == saved.end() || it->second.scalar_type() != dtype ||
+                  it->second.numel() != n)
+                throw mismatch(name, "does not match the model");
+              return it->second.to(p.device()).clone();
+            };
         const int64_t padded = whole_blocks(p.numel());
-        s.avg8 = {get(".exp_avg.q8", torch::kChar, padded),
-                  get(".exp_avg.absmax", torch::kFloat32, padded / kBlock)};
-        s.sq8 = {get(".exp_avg_sq.q8", torch::kByte, padded),
-                 get(".exp_avg_sq.absmax", torch::kFloat32, padded / kBlock)};
+        s.avg8 = {
+            get(".exp_avg.q8", torch::kChar, padded),
+            get(".exp_avg.absmax", torch::kFloat32, padded / kBlock)};
+        s.sq8 = {
+            get(".exp_avg_sq.q8", torch::kByte, padded),
+            get(".exp_avg_sq.absmax", torch::kFloat32, padded / kBlock)};
         auto step = saved.find(name + ".step");
         if (step == saved.end())
           throw mismatch(name, "does not match the model");
@@ -356,7 +414,7 @@ void Optimizers::load(const std::map<std::string, torch::Tensor>& saved) {
         throw mismatch(name, "does not match the model");
       // A bfloat16 weight's moments are float32 (adamw_slices).
       const auto dtype = p.scalar_type() == torch::kBFloat16 ? torch::kFloat32
-                                                              : p.scalar_type();
+                                                             : p.scalar_type();
       s.step = step->second.item<int64_t>();
       s.exp_avg = avg->second.to(p.device(), dtype).clone();
       s.exp_avg_sq = sq->second.to(p.device(), dtype).clone();

@@ -43,6 +43,16 @@ struct ParamGroup {
   double lr = 0;
   double weight_decay = 0;
   bool muon = false; // every tensor must be 2-D
+  // Another update rule for the group (TRM's):
+  //   "adam_atan2": Adam with atan2 in place of the division (Everett et
+  //     al., "Scaling Exponents Across Parameterizations and Optimizers",
+  //     2024): p <- p (1 - lr wd) - lr atan2(m_hat, sqrt(v_hat)); no
+  //     epsilon, bounded steps. Moments and their names as AdamW's.
+  //   "sign_sgd": p <- p (1 - lr wd) - lr sign(g) for the rows of a 2-D
+  //     tensor whose gradient is not all zero (the puzzle embeddings a
+  //     batch used; the others keep their values, decay included). No
+  //     state.
+  std::string rule;
 };
 
 struct OptimizerOptions {
@@ -111,6 +121,8 @@ class Optimizers {
     int64_t step = 0;
   };
   void adamw_step(size_t group, double lr, int64_t step);
+  void adam_atan2_step(size_t group, double lr);
+  void sign_sgd_step(size_t group, double lr);
   // One tensor through the float32-slice path.
   void adamw_slices(
       const torch::Tensor& p,

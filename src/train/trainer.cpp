@@ -169,6 +169,8 @@ int64_t Trainer::resume() {
   }
   optimizers_.load(ckpt->optimizer);
   load_rng_state(ckpt->optimizer, opt_.device);
+  if (task_.restore_tensors)
+    task_.restore_tensors(*ckpt);
   // The data position is in units of the checkpoint's micro-batch (it may
   // differ from this run's: halved after running out of memory, or set
   // differently by hand). Restore in its units, then continue with it when
@@ -208,11 +210,11 @@ int64_t Trainer::resume() {
   return *start_;
 }
 
-void Trainer::with_eval_weights(const std::function<void()>& fn) {
+void Trainer::with_eval_weights(const std::function<void()>& fn, bool raw) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> saved;
   auto params = trained_tensors(*task_.model);
-  if (!ema_.empty())
+  if (!ema_.empty() && !raw)
     for (size_t i = 0; i < params.size(); ++i) {
       saved.push_back(params[i].detach().clone());
       params[i].copy_(ema_[i]);
@@ -240,7 +242,13 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
     model_t.push_back({key, value});
   for (size_t i = 0; i < ema_.size(); ++i)
     model_t.push_back({"ema." + params[i].first, ema_[i]});
+  if (task_.model_tensors)
+    for (auto& t : task_.model_tensors())
+      model_t.push_back(t);
   opt_t = optimizers_.state();
+  if (task_.state_tensors)
+    for (auto& t : task_.state_tensors())
+      opt_t.push_back(t);
   for (auto& r : rng_state(opt_.device))
     opt_t.push_back(r);
   nlohmann::json state = task_.describe;
@@ -394,6 +402,13 @@ TrainerResult Trainer::run() {
   auto evaluate = [&](int64_t done) {
     const double t0 = now_s();
     with_eval_weights([&] { last_eval = task_.evaluate(); });
+    if (task_.evaluate_raw_too && !ema_.empty()) {
+      EvalResult raw;
+      with_eval_weights([&] { raw = task_.evaluate(); }, /*raw=*/true);
+      for (const auto& [name, v] : raw.metrics)
+        last_eval.metrics.push_back({"raw_" + name, v});
+      last_eval.summary += "; raw weights: " + raw.summary;
+    }
     seconds_ += now_s() - t0;
     last_val_ = last_eval.loss;
     if (last_eval.loss < best_val_) {

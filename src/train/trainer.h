@@ -72,6 +72,16 @@ struct TrainingTask {
   std::function<std::string()> progress_note;
   // Written into every state.json (model shape, tokenizer, ...).
   nlohmann::json describe = nlohmann::json::object();
+  // Optional: tensors a stage keeps beside the trained weights, saved in
+  // every checkpoint under their own names and handed back on resume:
+  // `model_tensors` into model.safetensors (buffers the saved model needs:
+  // TRM's initial states), `state_tensors` into optimizer.safetensors
+  // (TRM's ACT carry: the puzzles in flight and their latent states).
+  std::function<runs::NamedTensors()> model_tensors, state_tensors;
+  std::function<void(const runs::Checkpoint&)> restore_tensors;
+  // With EMA on: evaluate the raw weights too after each evaluation, their
+  // metrics logged with a "raw_" prefix (a short run's EMA lags).
+  bool evaluate_raw_too = false;
 };
 
 struct TrainerOptions {
@@ -124,8 +134,9 @@ class Trainer {
   int64_t resume();
   TrainerResult run();
 
-  // Runs `fn` with the weights evaluation uses (EMA when on) in place.
-  void with_eval_weights(const std::function<void()>& fn);
+  // Runs `fn` with the weights evaluation uses (EMA when on; the raw ones
+  // with `raw`) in place, in eval mode, without gradients.
+  void with_eval_weights(const std::function<void()>& fn, bool raw = false);
 
   // The micro-batch and accumulation in use (after resume() they are the
   // checkpoint's when it ran with another micro-batch).

@@ -29,8 +29,9 @@ TEST(Stage, TheRegistryHoldsEveryStageOnce) {
     names.push_back(s->name());
   EXPECT_EQ(
       names,
-      (std::vector<std::string>{"base", "mid", "sft", "lora", "full", "grpo"}));
-  EXPECT_EQ(stage_list(), "base|mid|sft|lora|full|grpo");
+      (std::vector<std::string>{
+          "base", "mid", "sft", "lora", "full", "grpo", "trm"}));
+  EXPECT_EQ(stage_list(), "base|mid|sft|lora|full|grpo|trm");
   for (const Stage* s : all_stages()) {
     EXPECT_EQ(&stage_named(s->name()), s);
     EXPECT_FALSE(s->summary().empty()) << s->name();
@@ -127,19 +128,32 @@ TEST(Stage, TheSharedKnobsAreDeclaredOnceWithEachStagesDefaults) {
       "max_seq_length", "num_train_epochs", "eval_tokens"};
   for (const Stage* s : all_stages()) {
     const bool grpo = s->name() == "grpo";
+    // TRM (upstream's names) has no rows of tokens and calls the warmup
+    // lr_warmup_steps (warmup_steps an alias).
+    const bool trm = s->name() == "trm";
     // The spelling the section writes: its key for the row length.
     const config::Option* row = s->schema().find("max_seq_len");
-    ASSERT_TRUE(grpo || row != nullptr) << s->name();
-    const config::Schema& shared =
-        grpo || row->key != "max_seq_len" ? transformers : nanochat;
+    ASSERT_TRUE(grpo || trm || row != nullptr) << s->name();
+    const config::Schema& shared = trm      ? nanochat
+        : grpo || row->key != "max_seq_len" ? transformers
+                                            : nanochat;
     for (const auto& o : shared.options()) {
+      if (trm && (o.key == "max_seq_len" || o.key == "eval_tokens")) {
+        EXPECT_EQ(s->schema().find(o.key), nullptr) << o.key;
+        continue;
+      }
+      if (trm && o.key == "warmup_steps") {
+        EXPECT_EQ(s->schema().find("warmup_steps")->key, "lr_warmup_steps");
+        continue;
+      }
       if (grpo && not_grpo.count(o.key)) {
         EXPECT_EQ(s->schema().find(o.key), nullptr) << o.key;
         continue;
       }
       if (grpo && o.key == "max_steps") {
-        EXPECT_EQ(s->schema().find("max_steps")->aliases,
-                  std::vector<std::string>{"iters"});
+        EXPECT_EQ(
+            s->schema().find("max_steps")->aliases,
+            std::vector<std::string>{"iters"});
         EXPECT_EQ(s->schema().find("num_iterations")->key, "num_iterations");
         continue;
       }
@@ -184,13 +198,13 @@ TEST(Stage, TheSharedKnobsAreDeclaredOnceWithEachStagesDefaults) {
 
 TEST(Stage, AnUnknownStageNamesTheStages) {
   try {
-    configure(with({"stage=trm"}));
+    configure(with({"stage=tmr"}));
     FAIL() << "expected a refusal";
   } catch (const UserError& e) {
     EXPECT_EQ(
         std::string(e.what()),
-        "stage=trm is not a stage; the stages are "
-        "base|mid|sft|lora|full|grpo.");
+        "stage=tmr is not a stage; the stages are "
+        "base|mid|sft|lora|full|grpo|trm.");
   }
   // A key of another stage's section: the section's own message.
   EXPECT_THROW(configure(with({"stage=base", "lora.r=4"})), UserError);

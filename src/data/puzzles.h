@@ -1,0 +1,93 @@
+// Puzzle datasets for the tiny recursive model (stage=trm): a question and
+// its answer as equal-length token grids.
+//
+// Two layouts are read:
+// - Sudoku, in Sudoku-Extreme's CSV layout (the TRM paper's data):
+//   `source,question,answer,rating`, question and answer n*n characters
+//   (n = 4, 6 or 9), '.' (or '0') for a blank. Tokens: 0 padding (unused),
+//   1 blank, d + 1 for the digit d, as upstream TRM numbers them; every
+//   cell of the answer is supervised.
+// - Grids, one JSON object per line in ARC's layout: {"input": [[...]],
+//   "output": [[...]]} with colours 0-9 and an optional "puzzle" name
+//   (examples of one puzzle share a learned puzzle embedding). Each grid
+//   is drawn at the top left of an S x S canvas (S = the largest side in
+//   the file + 1): 0 padding, 1 the end-of-grid marker along the row and
+//   column past the grid, colour c as c + 2 (upstream's ARC tokens); every
+//   canvas cell of the output is supervised.
+// `orchard data sudoku` writes a folder of train.csv, test.csv,
+// puzzles.csv (the puzzles before augmentation, `source` saying which
+// split) and dataset.json (how they were made and how hard they are).
+#pragma once
+
+#include "data/sudoku.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace orchard::data {
+
+struct PuzzleSet {
+  std::string kind;    // "sudoku" | "grid"
+  sudoku::Shape shape; // sudoku: the grid's shape
+  int64_t side = 0;    // rows = columns of the token grid
+  int64_t vocab = 0;   // tokens 0 .. vocab-1
+  int64_t num_puzzle_ids = 1;
+  torch::Tensor inputs;     // [N, side*side] int64
+  torch::Tensor labels;     // [N, side*side] int64
+  torch::Tensor puzzle_ids; // [N] int64
+  std::string source;       // "data/sudoku/train.csv (2,000 puzzles)"
+
+  int64_t size() const {
+    return inputs.defined() ? inputs.size(0) : 0;
+  }
+  int64_t seq_len() const {
+    return side * side;
+  }
+  // Rows [from, from + count) (views).
+  PuzzleSet slice(int64_t from, int64_t count) const;
+};
+
+// Reads a CSV (Sudoku) or JSONL (grids) file; UserError with file:line for
+// a bad record.
+PuzzleSet read_puzzles(const std::string& path);
+
+struct PuzzleSplits {
+  PuzzleSet train, test;
+  std::string description;
+};
+
+// data= of stage=trm: a folder (its train.* and test.*), or one file whose
+// every 10th record is held out.
+PuzzleSplits load_puzzle_splits(const std::string& path);
+
+// Sudoku tokens of a grid (0 blank -> 1, d -> d + 1) and back.
+std::vector<int64_t> sudoku_tokens(const sudoku::Grid& g);
+sudoku::Grid sudoku_from_tokens(const int64_t* tokens, int64_t cells);
+
+// `orchard data sudoku`.
+struct SudokuDataOptions {
+  int64_t count = 1000; // puzzles before augmentation
+  int n = 9;
+  std::string out;
+  std::string givens; // "MIN-MAX", "" for the difficulty's
+  std::string difficulty =
+      "auto";          // auto | any | easy | hard | extreme | minimal
+  int64_t augment = 0; // augmented copies per training puzzle
+  double test_fraction = 0.1;
+  int64_t seed = 0;
+  int64_t threads = 0; // 0: every core
+};
+
+struct SudokuDataSummary {
+  int64_t train = 0, test = 0, train_rows = 0;
+  bool by_class = true;        // the split keeps symmetry classes apart
+  std::string difficulty_text; // givens, singles share, search effort
+};
+
+SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o);
+
+} // namespace orchard::data

@@ -1,0 +1,371 @@
+#include "models/trm.h"
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+
+#include <cmath>
+
+namespace orchard::models {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// Upstream scales learned positions by 1/sqrt(2) so that token + position
+// keeps the variance of one of them.
+constexpr double kInvSqrt2 = 0.707106781;
+// The Q-head starts at "do not halt" (sigmoid(-5) ~ 0.007).
+constexpr double kQHeadBias = -5.0;
+// The truncated normal is cut at two of its standard deviations.
+constexpr double kTruncation = 2.0;
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias = false) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  torch::NoGradGuard no_grad;
+  trunc_normal_(l->weight, 1.0 / std::sqrt(double(in)));
+  if (bias)
+    l->bias.zero_();
+  return l;
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+} // namespace
+
+int64_t TrmConfig::prefix_len() const {
+  if (puzzle_emb_ndim <= 0)
+    return 0;
+  if (puzzle_emb_len > 0)
+    return puzzle_emb_len;
+  return (puzzle_emb_ndim + hidden_size - 1) / hidden_size;
+}
+
+void TrmConfig::validate() const {
+  auto need = [](bool ok, const std::string& why) {
+    if (!ok)
+      throw UserError(why);
+  };
+  need(seq_len > 0 && vocab_size > 1, "the puzzles give no cells to learn");
+  need(hidden_size > 0, "arch.hidden_size must be positive, such as 512");
+  need(
+      H_cycles >= 1 && L_cycles >= 1 && L_layers >= 1,
+      "arch.H_cycles, arch.L_cycles and arch.L_layers must be at least 1 "
+      "(the paper: 3, 6, 2)");
+  need(halt_max_steps >= 1, "arch.halt_max_steps must be at least 1 (16)");
+  need(
+      pos_encodings == "rope" || pos_encodings == "learned" ||
+          pos_encodings == "none",
+      "arch.pos_encodings is rope, learned or none");
+  need(
+      puzzle_emb_ndim <= prefix_len() * hidden_size,
+      "arch.puzzle_emb_ndim=" + std::to_string(puzzle_emb_ndim) +
+          " does not fit arch.puzzle_emb_len=" +
+          std::to_string(puzzle_emb_len) + " positions of " +
+          std::to_string(hidden_size) +
+          "; raise puzzle_emb_len or set it to 0 (as many as needed)");
+  if (!mlp_t) {
+    need(
+        num_heads > 0 && hidden_size % num_heads == 0,
+        "arch.hidden_size=" + std::to_string(hidden_size) +
+            " is not a multiple of arch.num_heads=" +
+            std::to_string(num_heads));
+    need(
+        pos_encodings != "rope" || (hidden_size / num_heads) % 2 == 0,
+        "rotary positions need an even head width (hidden_size / "
+        "num_heads)");
+  }
+  need(
+      !(mlp_t && causal),
+      "arch.mlp_t=true mixes every position into every other, so it cannot "
+      "train next-token prediction (causal); use attention (arch.mlp_t="
+      "false) for the chat variant");
+}
+
+nlohmann::json to_json(const TrmConfig& c) {
+  return {
+      {"seq_len", c.seq_len},
+      {"vocab_size", c.vocab_size},
+      {"num_puzzle_identifiers", c.num_puzzle_identifiers},
+      {"puzzle_emb_ndim", c.puzzle_emb_ndim},
+      {"puzzle_emb_len", c.puzzle_emb_len},
+      {"H_cycles", c.H_cycles},
+      {"L_cycles", c.L_cycles},
+      {"L_layers", c.L_layers},
+      {"hidden_size", c.hidden_size},
+      {"num_heads", c.num_heads},
+      {"expansion", c.expansion},
+      {"pos_encodings", c.pos_encodings},
+      {"mlp_t", c.mlp_t},
+      {"causal", c.causal},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"halt_max_steps", c.halt_max_steps},
+      {"halt_exploration_prob", c.halt_exploration_prob},
+      {"no_ACT_continue", c.no_ACT_continue}};
+}
+
+TrmConfig trm_config_from_json(const nlohmann::json& j) {
+  TrmConfig c;
+  c.seq_len = j.at("seq_len");
+  c.vocab_size = j.at("vocab_size");
+  c.num_puzzle_identifiers = j.at("num_puzzle_identifiers");
+  c.puzzle_emb_ndim = j.at("puzzle_emb_ndim");
+  c.puzzle_emb_len = j.at("puzzle_emb_len");
+  c.H_cycles = j.at("H_cycles");
+  c.L_cycles = j.at("L_cycles");
+  c.L_layers = j.at("L_layers");
+  c.hidden_size = j.at("hidden_size");
+  c.num_heads = j.at("num_heads");
+  c.expansion = j.at("expansion");
+  c.pos_encodings = j.at("pos_encodings");
+  c.mlp_t = j.at("mlp_t");
+  c.causal = j.value("causal", false);
+  c.rms_norm_eps = j.at("rms_norm_eps");
+  c.rope_theta = j.at("rope_theta");
+  c.halt_max_steps = j.at("halt_max_steps");
+  c.halt_exploration_prob = j.at("halt_exploration_prob");
+  c.no_ACT_continue = j.at("no_ACT_continue");
+  return c;
+}
+
+int64_t swiglu_width(int64_t h, double expansion) {
+  const int64_t w = int64_t(std::llround(expansion * double(h) * 2.0 / 3.0));
+  constexpr int64_t kMultiple = 256;
+  return (w + kMultiple - 1) / kMultiple * kMultiple;
+}
+
+void trunc_normal_(torch::Tensor& t, double std) {
+  torch::NoGradGuard no_grad;
+  if (std == 0) {
+    t.zero_();
+    return;
+  }
+  // The variance of a standard normal cut at +-2 is 1 - 2*2*phi(2) /
+  // (Phi(2) - Phi(-2)); dividing by its root makes the cut values' std
+  // `std`. Drawn by inverting erf over the cut's range.
+  const double sqrt2 = std::sqrt(2.0);
+  const double a = std::erf(-kTruncation / sqrt2);
+  const double b = std::erf(kTruncation / sqrt2);
+  const double z = (b - a) / 2;
+  const double pdf =
+      std::exp(-0.5 * kTruncation * kTruncation) / std::sqrt(2 * M_PI);
+  const double comp_std = std / std::sqrt(1 - (2 * kTruncation * pdf) / z);
+  t.uniform_(a, b);
+  t.erfinv_();
+  t.mul_(sqrt2 * comp_std);
+  t.clamp_(-kTruncation * comp_std, kTruncation * comp_std);
+}
+
+torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps) {
+  const auto f = x.to(torch::kFloat32);
+  return (f * torch::rsqrt(f.square().mean(-1, true) + eps)).to(x.dtype());
+}
+
+TrmSwiGluImpl::TrmSwiGluImpl(int64_t in, double expansion) {
+  const int64_t inner = swiglu_width(in, expansion);
+  gate_up_proj = register_module("gate_up_proj", linear(in, 2 * inner));
+  down_proj = register_module("down_proj", linear(inner, in));
+}
+
+torch::Tensor TrmSwiGluImpl::forward(const torch::Tensor& x) {
+  auto gu = gate_up_proj(x).chunk(2, -1);
+  return down_proj(torch::silu(gu[0]) * gu[1]);
+}
+
+TrmAttentionImpl::TrmAttentionImpl(int64_t hidden, int64_t heads_, bool causal_)
+    : heads(heads_), causal(causal_) {
+  qkv_proj = register_module("qkv_proj", linear(hidden, 3 * hidden));
+  o_proj = register_module("o_proj", linear(hidden, hidden));
+}
+
+torch::Tensor TrmAttentionImpl::forward(
+    const torch::Tensor& x,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
+  const int64_t hd = D / heads;
+  auto qkv = qkv_proj(x).view({B, T, 3 * heads, hd});
+  auto q = qkv.narrow(2, 0, heads);
+  auto k = qkv.narrow(2, heads, heads);
+  auto v = qkv.narrow(2, 2 * heads, heads);
+  if (cos.defined()) {
+    // (T, hd) over (B, T, H, hd), in the tables' float32.
+    const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+    const auto dt = q.scalar_type();
+    auto qf = q.to(cos.scalar_type()), kf = k.to(cos.scalar_type());
+    q = (qf * c + rotate_half(qf) * s).to(dt);
+    k = (kf * c + rotate_half(kf) * s).to(dt);
+  }
+  q = q.transpose(1, 2); // (B, H, T, hd)
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  torch::Tensor y;
+  if (compat::has_fused_attention()) {
+    y = compat::fused_attention(q, k, v, c10::nullopt, causal);
+  } else {
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));
+    if (causal)
+      scores = scores.masked_fill(
+          torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device()))
+              .triu(1),
+          -std::numeric_limits<double>::infinity());
+    y = torch::matmul(
+        torch::softmax(scores.to(torch::kFloat32), -1).to(v.dtype()), v);
+  }
+  return o_proj(y.transpose(1, 2).reshape({B, T, D}));
+}
+
+TrmBlockImpl::TrmBlockImpl(const TrmConfig& c) : eps(c.rms_norm_eps) {
+  if (c.mlp_t)
+    mlp_t = register_module("mlp_t", TrmSwiGlu(c.positions(), c.expansion));
+  else
+    self_attn = register_module(
+        "self_attn", TrmAttention(c.hidden_size, c.num_heads, c.causal));
+  mlp = register_module("mlp", TrmSwiGlu(c.hidden_size, c.expansion));
+}
+
+torch::Tensor TrmBlockImpl::forward(
+    torch::Tensor h,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin) {
+  if (mlp_t) {
+    // Across positions: (B, D, T); the norm then runs over positions.
+    auto t = h.transpose(1, 2);
+    t = rms_norm_unscaled(t + mlp_t(t), eps);
+    h = t.transpose(1, 2);
+  } else {
+    h = rms_norm_unscaled(h + self_attn(h, cos, sin), eps);
+  }
+  return rms_norm_unscaled(h + mlp(h), eps);
+}
+
+TrmImpl::TrmImpl(TrmConfig c) : config(std::move(c)) {
+  config.validate();
+  const int64_t D = config.hidden_size, T = config.positions();
+  const double embed_std = 1.0 / std::sqrt(double(D));
+  embed_tokens = register_module(
+      "embed_tokens", torch::nn::Embedding(config.vocab_size, D));
+  trunc_normal_(embed_tokens->weight, embed_std);
+  if (config.pos_encodings == "learned") {
+    embed_pos = register_module("embed_pos", torch::nn::Embedding(T, D));
+    trunc_normal_(embed_pos->weight, embed_std);
+  }
+  if (config.puzzle_emb_ndim > 0)
+    puzzle_emb = register_parameter(
+        "puzzle_emb",
+        torch::zeros({config.num_puzzle_identifiers, config.puzzle_emb_ndim}));
+  lm_head = register_module("lm_head", linear(D, config.vocab_size));
+  q_head = register_module("q_head", linear(D, 2, /*bias=*/true));
+  {
+    torch::NoGradGuard no_grad;
+    q_head->weight.zero_();
+    q_head->bias.fill_(kQHeadBias);
+  }
+  L_level = register_module("L_level", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.L_layers; ++i)
+    L_level->push_back(TrmBlock(config));
+  H_init = torch::empty({D});
+  L_init = torch::empty({D});
+  trunc_normal_(H_init, 1.0);
+  trunc_normal_(L_init, 1.0);
+  H_init = register_buffer("H_init", H_init);
+  L_init = register_buffer("L_init", L_init);
+  if (config.pos_encodings == "rope" && !config.mlp_t) {
+    const int64_t hd = D / config.num_heads;
+    auto inv_freq = 1.0 /
+        torch::pow(config.rope_theta,
+                   torch::arange(0, hd, 2, torch::kFloat64) / double(hd));
+    auto freqs = torch::outer(torch::arange(T, torch::kFloat64), inv_freq);
+    auto emb = torch::cat({freqs, freqs}, -1);
+    cos = register_buffer("cos", emb.cos().to(torch::kFloat32));
+    sin = register_buffer("sin", emb.sin().to(torch::kFloat32));
+  }
+}
+
+torch::Tensor TrmImpl::input_embeddings(
+    const torch::Tensor& inputs,
+    const torch::Tensor& puzzle_ids) {
+  const int64_t D = config.hidden_size, P = config.prefix_len();
+  auto emb = embed_tokens(inputs); // (B, S, D)
+  if (P > 0) {
+    auto pe = puzzle_emb.index_select(0, puzzle_ids); // (B, ndim)
+    const int64_t pad = P * D - pe.size(1);
+    if (pad > 0)
+      pe = torch::cat({pe, pe.new_zeros({pe.size(0), pad})}, 1);
+    emb = torch::cat({pe.view({-1, P, D}).to(emb.dtype()), emb}, 1);
+  }
+  if (embed_pos)
+    emb = kInvSqrt2 * (emb + embed_pos->weight);
+  return std::sqrt(double(D)) * emb;
+}
+
+torch::Tensor TrmImpl::net(torch::Tensor h, const torch::Tensor& injection) {
+  h = h + injection;
+  for (const auto& layer : *L_level)
+    h = layer->as<TrmBlock>()->forward(h, cos, sin);
+  return h;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TrmImpl::initial_carry(int64_t B) {
+  const int64_t T = config.positions(), D = config.hidden_size;
+  return {
+      H_init.view({1, 1, D}).expand({B, T, D}).clone(),
+      L_init.view({1, 1, D}).expand({B, T, D}).clone()};
+}
+
+TrmStepOutput TrmImpl::step(
+    const torch::Tensor& z_H0,
+    const torch::Tensor& z_L0,
+    const torch::Tensor& inputs,
+    const torch::Tensor& puzzle_ids) {
+  const auto x = input_embeddings(inputs, puzzle_ids);
+  torch::Tensor z_H = z_H0, z_L = z_L0;
+  {
+    torch::NoGradGuard no_grad; // every cycle but the last
+    for (int64_t h = 0; h + 1 < config.H_cycles; ++h) {
+      for (int64_t l = 0; l < config.L_cycles; ++l)
+        z_L = net(z_L, z_H + x);
+      z_H = net(z_H, z_L);
+    }
+  }
+  for (int64_t l = 0; l < config.L_cycles; ++l)
+    z_L = net(z_L, z_H + x);
+  z_H = net(z_H, z_L);
+  TrmStepOutput out;
+  out.logits = lm_head(z_H).narrow(1, config.prefix_len(), config.seq_len);
+  const auto q = q_head(z_H.select(1, 0)).to(torch::kFloat32);
+  out.q_halt = q.select(1, 0);
+  out.q_continue = q.select(1, 1);
+  out.z_H = z_H.detach();
+  out.z_L = z_L.detach();
+  return out;
+}
+
+int64_t TrmImpl::network_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : named_parameters())
+    if (p.key() != "puzzle_emb")
+      n += p.value().numel();
+  return n;
+}
+
+torch::Tensor halt_decision(
+    const TrmConfig& c,
+    const torch::Tensor& steps,
+    const torch::Tensor& q_halt,
+    const torch::Tensor& q_continue,
+    bool training) {
+  auto halted = steps >= c.halt_max_steps;
+  if (!training || c.halt_max_steps <= 1)
+    return halted;
+  halted = halted | (c.no_ACT_continue ? q_halt > 0 : q_halt > q_continue);
+  // Exploration: some slots must reach a random minimum of steps first.
+  const auto explore = torch::rand_like(q_halt) < c.halt_exploration_prob;
+  const auto minimum = explore.to(torch::kLong) *
+      torch::randint_like(steps, 2, c.halt_max_steps + 1);
+  return halted & (steps >= minimum);
+}
+
+} // namespace orchard::models

@@ -1,0 +1,156 @@
+// The tiny recursive model's pieces against independent references: the
+// stable-max loss and AdamATan2 against their formulas worked by hand, the
+// paper's parameter counts, the halting rule, and the Sudoku generator
+// against a brute-force solver written here.
+#include "models/trm.h"
+#include "core/error.h"
+#include "data/puzzles.h"
+#include "data/sudoku.h"
+#include "ops/stablemax.h"
+#include "train/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+
+using namespace orchard;
+namespace sd = orchard::data::sudoku;
+
+TEST(Trm, StablemaxCrossEntropyFollowsItsFormula) {
+  auto logits = torch::tensor({{-2.0, 0.0, 3.0}}, torch::kFloat32);
+  auto labels = torch::tensor({{2}}, torch::kLong).view({1});
+  // s(-2) = 1/3, s(0) = 1, s(3) = 4.
+  const double want = -std::log(4.0 / (1.0 / 3 + 1 + 4));
+  auto l = ops::stablemax_cross_entropy(logits, labels);
+  EXPECT_NEAR(l.item<double>(), want, 1e-12);
+  auto ignored =
+      ops::stablemax_cross_entropy(logits, torch::tensor({-100}, torch::kLong));
+  EXPECT_EQ(ignored.item<double>(), 0.0);
+}
+
+TEST(Trm, AdamAtan2StepsByItsFormula) {
+  auto p = torch::tensor({1.0, -2.0}, torch::kFloat64).set_requires_grad(true);
+  train::OptimizerOptions o;
+  o.adam_beta1 = 0.9;
+  o.adam_beta2 = 0.95;
+  train::Optimizers opt(
+      {{.name = "w",
+        .params = {{"w", p}},
+        .lr = 0.1,
+        .weight_decay = 0.5,
+        .rule = "adam_atan2"}},
+      o);
+  const double g[2] = {0.3, -4.0};
+  p.mutable_grad() = torch::tensor({g[0], g[1]}, torch::kFloat64);
+  opt.step(1.0, 0);
+  // Step 1: m_hat = g, v_hat = g^2: atan2(g, |g|) = +-pi/4.
+  for (int i = 0; i < 2; ++i) {
+    const double w0 = i == 0 ? 1.0 : -2.0;
+    const double want =
+        w0 * (1 - 0.1 * 0.5) - 0.1 * std::atan2(g[i], std::abs(g[i]));
+    EXPECT_NEAR(p[i].item<double>(), want, 1e-12);
+  }
+}
+
+TEST(Trm, TheParametersAreThePapersCounts) {
+  models::TrmConfig c; // the paper's Sudoku shapes
+  c.seq_len = 81;
+  c.vocab_size = 11;
+  c.puzzle_emb_ndim = 512;
+  c.mlp_t = true;
+  c.pos_encodings = "none";
+  EXPECT_EQ(models::Trm(c)->network_parameters(), 5028866);
+  c.mlp_t = false;
+  c.pos_encodings = "rope";
+  EXPECT_EQ(models::Trm(c)->network_parameters(), 6828034);
+}
+
+TEST(Trm, HaltingFollowsTheRule) {
+  models::TrmConfig c;
+  c.halt_max_steps = 4;
+  c.halt_exploration_prob = 0.0;
+  auto steps = torch::tensor({1, 2, 4, 1}, torch::kLong);
+  auto qh = torch::tensor({1.0f, -1.0f, -1.0f, -0.5f});
+  auto qc = torch::tensor({0.0f, -2.0f, 0.0f, -1.0f});
+  auto train = models::halt_decision(c, steps, qh, qc, true);
+  EXPECT_TRUE(torch::equal(train, torch::tensor({true, false, true, false})));
+  auto eval = models::halt_decision(c, steps, qh, qc, false);
+  EXPECT_TRUE(torch::equal(eval, torch::tensor({false, false, true, false})));
+  c.no_ACT_continue = false; // q_halt > q_continue
+  auto cont = models::halt_decision(c, steps, qh, qc, true);
+  EXPECT_TRUE(torch::equal(cont, torch::tensor({true, true, true, true})));
+}
+
+namespace {
+
+// Every solution of a grid by trying each digit in each blank in order (no
+// candidate masks, no cell choice): the test's own solver.
+int64_t brute_force(
+    const sd::Shape& s,
+    sd::Grid& g,
+    int64_t limit,
+    sd::Grid* first) {
+  const auto blank = std::find(g.begin(), g.end(), 0);
+  if (blank == g.end()) {
+    if (first && first->empty())
+      *first = g;
+    return 1;
+  }
+  int64_t found = 0;
+  for (int d = 1; d <= s.n && found < limit; ++d) {
+    *blank = int8_t(d);
+    if (sd::rule_broken(s, g).empty())
+      found += brute_force(s, g, limit - found, first);
+  }
+  *blank = 0;
+  return found;
+}
+
+} // namespace
+
+TEST(Trm, GeneratedPuzzlesHaveExactlyOneSolutionTheirLabel) {
+  for (int n : {4, 6}) {
+    const sd::Shape s = sd::shape_for_cells(n * n);
+    std::mt19937_64 rng(static_cast<uint64_t>(n));
+    sd::GenerateOptions o;
+    o.shape = s;
+    o.minimal = true;
+    for (int i = 0; i < 20; ++i) {
+      const sd::Puzzle p = sd::generate(o, rng);
+      sd::Grid g = p.question, first;
+      EXPECT_EQ(brute_force(s, g, 2, &first), 1) << sd::to_text(p.question);
+      EXPECT_EQ(first, p.answer);
+      // Minimal: every given is needed.
+      for (size_t c = 0; c < g.size(); ++c)
+        if (g[c]) {
+          sd::Grid less = p.question;
+          less[c] = 0;
+          EXPECT_EQ(brute_force(s, less, 2, nullptr), 2);
+        }
+      // A symmetric copy is a valid puzzle with the mapped answer.
+      const sd::Symmetry t = sd::random_symmetry(s, rng);
+      sd::Grid q = sd::apply(s, t, p.question), a;
+      EXPECT_EQ(brute_force(s, q, 2, &a), 1);
+      EXPECT_EQ(a, sd::apply(s, t, p.answer));
+      EXPECT_EQ(sd::canonical(s, q), sd::canonical(s, p.question));
+    }
+  }
+}
+
+TEST(Trm, BadPuzzleFilesNameTheLine) {
+  const std::string path = ::testing::TempDir() + "/bad_sudoku.csv";
+  {
+    std::ofstream f(path);
+    f << "source,question,answer,rating\n"
+      << "x,1.3.,1234,0\n";
+  }
+  try {
+    data::read_puzzles(path);
+    FAIL() << "expected a refusal";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2:"), std::string::npos)
+        << e.what();
+  }
+}
