@@ -18,3 +18,18 @@ if ls .device-debs/*.deb >/dev/null 2>&1; then
       || echo "note: could not install the word list into /usr/share/dict"
   fi
 fi
+
+# device_build TARGET...: configure build-cuda against PyTorch's libtorch
+# (Release, sm_90, plus $DEVICE_CMAKE_ARGS) and build the targets; logs in
+# $OUT; exits on failure.
+device_build() {
+  local t0 prefix
+  t0=$(date +%s)
+  prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 ${DEVICE_CMAKE_ARGS:-} \
+    > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+  cmake --build build-cuda -j16 --target "$@" > "$OUT/build.log" 2>&1 \
+    || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+  echo "build took $(( $(date +%s) - t0 )) s"
+}

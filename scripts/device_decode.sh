@@ -19,15 +19,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
 source scripts/device_debs.sh
-TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-start=$(date +%s)
-cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DORCHARD_CUDA=${KERNELS:-ON} > "$OUT/configure.log" 2>&1 \
-  || { tail -40 "$OUT/configure.log"; exit 1; }
-cmake --build build-cuda -j16 --target orchard orchard_unit_tests orchard_golden_tests orchard_bench_decode \
-  > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
-echo "build took $(( $(date +%s) - start )) s"
+DEVICE_CMAKE_ARGS=-DORCHARD_CUDA=${KERNELS:-ON} device_build orchard orchard_unit_tests orchard_golden_tests orchard_bench_decode
 M=/tmp/llama-3.2-3b-shape Q=/tmp/qwen-0.5b-shape
 ( [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
   [ -f $Q/config.json ] || python3 bench/peers/lora_step.py --make-qwen $Q 2>&1 | grep -v Warn | tail -1

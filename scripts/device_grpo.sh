@@ -12,14 +12,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
 source scripts/device_debs.sh
-TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-start=$(date +%s)
-cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 \
-  > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-cmake --build build-cuda -j16 --target orchard orchard_unit_tests \
-  > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
-echo "build took $(( $(date +%s) - start )) s"
+device_build orchard orchard_unit_tests
 OMP_NUM_THREADS=1 ./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-Grpo*:Wordle.*}" \
   > "$OUT/unit.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |held-out|tests ran" "$OUT/unit.log" | head -20

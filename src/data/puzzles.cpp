@@ -377,75 +377,89 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
     throw UserError("--out DIR is needed: the folder to write the puzzles to.");
 
   // Puzzle i comes from its own generator (seed, i): the same set on any
-  // number of threads.
-  std::vector<sudoku::Puzzle> made(size_t(o.count));
-  std::atomic<int64_t> next{0};
+  // number of threads. More are made until `count` distinct ones exist.
+  std::vector<sudoku::Puzzle> made;
   std::atomic<bool> failed{false};
-  auto work = [&] {
-    for (int64_t i; (i = next++) < o.count && !failed;) {
-      std::seed_seq seq{uint64_t(o.seed), uint64_t(i), uint64_t(0x50d0)};
-      std::mt19937_64 rng(seq);
-      try {
-        made[size_t(i)] = sudoku::generate(g, rng);
-      } catch (const std::runtime_error&) {
-        failed = true;
+  auto make = [&](int64_t from, int64_t to) {
+    made.resize(size_t(to));
+    std::atomic<int64_t> next{from};
+    auto work = [&] {
+      for (int64_t i; (i = next++) < to && !failed;) {
+        std::seed_seq seq{uint64_t(o.seed), uint64_t(i), uint64_t(0x50d0)};
+        std::mt19937_64 rng(seq);
+        try {
+          made[size_t(i)] = sudoku::generate(g, rng);
+        } catch (const std::runtime_error&) {
+          failed = true;
+        }
       }
-    }
-  };
-  const int64_t threads = o.threads > 0
-      ? o.threads
-      : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  {
+    };
+    const int64_t threads = o.threads > 0
+        ? o.threads
+        : std::max<int64_t>(1, std::thread::hardware_concurrency());
     std::vector<std::thread> pool;
     for (int64_t t = 0; t < threads; ++t)
       pool.emplace_back(work);
     for (auto& t : pool)
       t.join();
-  }
-  if (failed)
-    throw UserError(
-        "no " + std::to_string(shape.n) + "x" + std::to_string(shape.n) +
-        " puzzle met --difficulty " + difficulty +
-        (o.givens.empty() ? "" : " --givens " + o.givens) +
-        " in many tries; widen the bounds.");
+    if (failed)
+      throw UserError(
+          "no " + std::to_string(shape.n) + "x" + std::to_string(shape.n) +
+          " puzzle met --difficulty " + difficulty +
+          (o.givens.empty() ? "" : " --givens " + o.givens) +
+          " in many tries; widen the bounds.");
+  };
 
   // The split is by class where the shape has enough of them: a test
   // puzzle's class (every puzzle its symmetries reach) never appears in
   // training, as a puzzle or as an augmented copy, and a class appears once.
-  // Small grids have few classes (4x4 minimal puzzles: a dozen or so), so
-  // when classes would keep fewer than half the puzzles the split is by
+  // Small grids have few classes (4x4 minimal puzzles: 14), so when classes
+  // would keep fewer than half of the first `count` puzzles the split is by
   // puzzle instead: no test puzzle appears in training, not even as an
   // augmented copy, but its class does.
   const int64_t want_test =
       std::max<int64_t>(1, int64_t(double(o.count) * o.test_fraction + 0.5));
-  std::vector<std::string> classes(made.size()), texts(made.size());
-  std::set<std::string> distinct_classes;
-  for (size_t i = 0; i < made.size(); ++i) {
-    classes[i] = sudoku::canonical(shape, made[i].question);
-    texts[i] = sudoku::to_text(made[i].question);
-    distinct_classes.insert(classes[i]);
-  }
-  const bool by_class = int64_t(distinct_classes.size()) * 2 >= o.count;
-  const auto& key = by_class ? classes : texts;
-  std::set<std::string> seen, test_texts;
+  std::vector<std::string> classes, texts;
+  std::set<std::string> distinct_classes, seen, test_texts;
   std::vector<size_t> test, train;
   int64_t repeats = 0;
-  for (size_t i = 0; i < made.size(); ++i) {
-    if (!seen.insert(key[i]).second) {
-      ++repeats;
-      continue;
+  bool by_class = true;
+  // Rounds of generation until `count` distinct puzzles (at most this many
+  // times `count` made in all: a shape with fewer distinct puzzles stops).
+  constexpr int64_t kMaxMadePerWanted = 20;
+  for (int64_t have = 0; int64_t(test.size() + train.size()) < o.count &&
+       have < kMaxMadePerWanted * o.count;) {
+    const int64_t missing = o.count - int64_t(test.size() + train.size());
+    make(have, have + (have == 0 ? o.count : 2 * missing));
+    for (size_t i = size_t(have); i < made.size(); ++i) {
+      classes.push_back(sudoku::canonical(shape, made[i].question));
+      texts.push_back(sudoku::to_text(made[i].question));
+      distinct_classes.insert(classes.back());
     }
-    if (int64_t(test.size()) < want_test) {
-      test.push_back(i);
-      test_texts.insert(texts[i]);
-    } else {
-      train.push_back(i);
+    if (have == 0)
+      by_class = int64_t(distinct_classes.size()) * 2 >= o.count;
+    const auto& key = by_class ? classes : texts;
+    for (size_t i = size_t(have); i < made.size(); ++i) {
+      if (int64_t(test.size() + train.size()) == o.count)
+        break;
+      if (!seen.insert(key[i]).second) {
+        ++repeats;
+        continue;
+      }
+      if (int64_t(test.size()) < want_test) {
+        test.push_back(i);
+        test_texts.insert(texts[i]);
+      } else {
+        train.push_back(i);
+      }
     }
+    have = int64_t(made.size());
   }
   if (train.empty())
     throw UserError(
         "only " + std::to_string(test.size()) +
-        " distinct puzzles were made; raise --count or change --difficulty.");
+        " distinct puzzles could be made; raise --count or change "
+        "--difficulty.");
 
   fs::create_directories(o.out);
   auto row = [](const std::string& src, const sudoku::Puzzle& p) {
@@ -479,17 +493,20 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
   atomic_write(o.out + "/test.csv", test_csv);
   atomic_write(o.out + "/puzzles.csv", puzzles_csv);
 
-  // How hard they are.
+  // How hard the kept puzzles are.
   std::vector<int64_t> givens, nodes;
   int64_t singles = 0;
-  for (const auto& p : made) {
+  std::vector<size_t> kept = test;
+  kept.insert(kept.end(), train.begin(), train.end());
+  for (size_t i : kept) {
+    const sudoku::Puzzle& p = made[i];
     givens.push_back(p.givens);
     nodes.push_back(p.nodes);
     singles += p.singles;
   }
   std::sort(givens.begin(), givens.end());
   std::sort(nodes.begin(), nodes.end());
-  const double singles_share = double(singles) / double(made.size());
+  const double singles_share = double(singles) / double(kept.size());
   nlohmann::json meta = {
       {"kind", "sudoku"},
       {"size", shape.n},

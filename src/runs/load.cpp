@@ -122,24 +122,27 @@ LoadedModel load_model(const ModelSource& source, const DeviceInfo& device) {
   return out;
 }
 
-TrainedGpt load_gpt(const std::string& path, bool prefer_ema) {
+Checkpoint checkpoint_at(
+    const std::string& path,
+    const std::string& train_hint) {
   if (!fs::exists(path))
     throw UserError(
-        "checkpoint '" + path +
-        "' does not exist; give a run folder (runs/base/d4) or a "
-        "checkpoint folder (runs/base/d4/checkpoints/step_000500).");
-  std::optional<Checkpoint> ckpt;
-  if (fs::exists(fs::path(path) / "state.json")) {
-    ckpt = load_checkpoint(path);
-  } else {
-    std::vector<std::string> skipped;
-    ckpt = latest_checkpoint(path, &skipped);
-    for (const auto& s : skipped)
-      std::fprintf(stderr, "Warning: %s\n", s.c_str());
-    if (!ckpt)
-      throw UserError(
-          "'" + path + "' holds no checkpoint; train first (`orchard train`).");
-  }
+        "checkpoint '" + path + "' does not exist; give a run folder (" +
+        train_hint + ") or one of its checkpoint folders.");
+  if (fs::exists(fs::path(path) / "state.json"))
+    return load_checkpoint(path);
+  std::vector<std::string> skipped;
+  std::optional<Checkpoint> ckpt = latest_checkpoint(path, &skipped);
+  for (const auto& s : skipped)
+    std::fprintf(stderr, "Warning: %s\n", s.c_str());
+  if (!ckpt)
+    throw UserError(
+        "'" + path + "' holds no checkpoint; train first (`orchard train`).");
+  return *ckpt;
+}
+
+TrainedGpt load_gpt(const std::string& path, bool prefer_ema) {
+  std::optional<Checkpoint> ckpt = checkpoint_at(path, "such as runs/base/d4");
   if (!ckpt->state.contains("model"))
     throw UserError(
         ckpt->dir + "/state.json does not describe a GPT (no \"model\").");

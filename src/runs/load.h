@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "models/gpt.h"
 #include "models/language_model.h"
+#include "runs/checkpoint.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -61,6 +62,13 @@ LoadedModel loaded_from(
 // The chat template of a loaded model (its folder's own, or the family
 // asked for). UserError when the tokenizer supports none.
 text::ChatTemplate chat_template(const LoadedModel& loaded);
+
+// The checkpoint `path` names: a checkpoint folder, or a run folder's
+// newest good checkpoint (a damaged newer one is warned about on stderr).
+// UserError when there is none; `train_hint` says how to make one.
+Checkpoint checkpoint_at(
+    const std::string& path,
+    const std::string& train_hint);
 
 // Orchard's GPT from a run folder (its newest good checkpoint) or a
 // checkpoint folder; the EMA weights when the checkpoint has them and

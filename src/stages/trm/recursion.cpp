@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "ops/stablemax.h"
+#include "runs/load.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -49,7 +50,8 @@ StepLoss act_loss(
   auto q = bce_sum(out.q_halt, r.exact);
   if (target_continue.defined())
     q = q + bce_sum(out.q_continue, target_continue);
-  r.loss = (lm.sum() + kQLossWeight * q).to(torch::kFloat32);
+  // float32 (float64 where the model runs in it, as the reference tests do).
+  r.loss = (lm.sum() + kQLossWeight * q).to(out.q_halt.scalar_type());
   r.lm = lm.detach();
   return r;
 }
@@ -326,25 +328,8 @@ EvalStats evaluate(
 }
 
 TrainedTrm load_trm(const std::string& path, torch::Device device) {
-  if (!fs::exists(path))
-    throw UserError(
-        "checkpoint '" + path +
-        "' does not exist; give a stage=trm run folder (runs/trm/NAME) or "
-        "one of its checkpoint folders.");
-  std::optional<runs::Checkpoint> ckpt;
-  if (fs::exists(fs::path(path) / "state.json")) {
-    ckpt = runs::load_checkpoint(path);
-  } else {
-    std::vector<std::string> skipped;
-    ckpt = runs::latest_checkpoint(path, &skipped);
-    for (const auto& s : skipped)
-      std::fprintf(stderr, "Warning: %s\n", s.c_str());
-    if (!ckpt)
-      throw UserError(
-          "'" + path +
-          "' holds no checkpoint; train first (`orchard train "
-          "--preset trm-sudoku-quick`).");
-  }
+  const std::optional<runs::Checkpoint> ckpt =
+      runs::checkpoint_at(path, "a stage=trm run, such as runs/trm/NAME");
   if (!ckpt->state.contains("trm"))
     throw UserError(
         ckpt->dir + " is not a tiny recursive model (stage=trm) checkpoint.");

@@ -33,7 +33,7 @@ namespace orchard::trm {
 
 // Loss and per-puzzle results of one supervision step.
 struct StepLoss {
-  torch::Tensor loss;  // scalar: the sum over the slots (float32)
+  torch::Tensor loss;  // scalar: the sum over the slots (q_halt's dtype)
   torch::Tensor exact; // (B) bool: every supervised cell right
   torch::Tensor cells; // (B) share of supervised cells right
   torch::Tensor lm;    // (B) mean cell loss (float64, detached)

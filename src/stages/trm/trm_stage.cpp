@@ -85,17 +85,12 @@ models::TrmConfig model_config(
   return c;
 }
 
-// Parameter count of a config without building it (the planner's).
+// Every parameter of a model of this shape (built on the CPU to count).
 int64_t count_parameters(const models::TrmConfig& c) {
-  const int64_t D = c.hidden_size, V = c.vocab_size, T = c.positions();
-  auto swiglu = [&](int64_t h) {
-    const int64_t i = models::swiglu_width(h, c.expansion);
-    return 3 * h * i;
-  };
-  const int64_t block = (c.mlp_t ? swiglu(T) : 4 * D * D) + swiglu(D);
-  return c.L_layers * block + 2 * V * D + 2 * D + 2 +
-      (c.pos_encodings == "learned" ? T * D : 0) +
-      c.num_puzzle_identifiers * c.puzzle_emb_ndim;
+  int64_t n = 0;
+  for (const auto& p : models::Trm(c)->parameters())
+    n += p.numel();
+  return n;
 }
 
 struct TrmMemory {
@@ -113,12 +108,12 @@ struct TrmMemory {
 // copies per position (the token-mixing MLP's per column of D).
 TrmMemory estimate(
     const models::TrmConfig& c,
+    double params,
     int64_t slots,
     int64_t micro,
     bool ema,
     int64_t elem) {
   TrmMemory m;
-  const double params = double(count_parameters(c));
   m.state = params * 4 * (4 + (ema ? 1 : 0));
   const double T = double(c.positions()), D = double(c.hidden_size);
   m.carry = 2 * 2 * double(slots) * T * D * 4;
@@ -152,9 +147,10 @@ MicroPlan plan_micro(
   p.budget = train::memory_budget(device, cfg.memory_fraction);
   const int64_t elem = precision.compute == torch::kFloat32 ? 4 : 2;
   const int64_t G = cfg.global_batch_size;
+  const double params = double(count_parameters(c));
   for (int64_t b = 1; b <= G; ++b)
     if (G % b == 0) {
-      const TrmMemory m = estimate(c, G, b, cfg.ema, elem);
+      const TrmMemory m = estimate(c, params, G, b, cfg.ema, elem);
       p.rows.push_back({b, m});
     }
   if (cfg.device_batch_size) {
@@ -165,7 +161,7 @@ MicroPlan plan_micro(
           " does not divide global_batch_size=" + std::to_string(G) +
           "; give a divisor of it (or auto).");
     p.micro = b;
-    p.memory = estimate(c, G, b, cfg.ema, elem);
+    p.memory = estimate(c, params, G, b, cfg.ema, elem);
     p.fits = p.memory.total() <= double(p.budget.bytes);
     return p;
   }
@@ -337,11 +333,6 @@ class TrmStage : public Stage {
     std::string data_path;
     const data::PuzzleSplits data = load_data(cfg, data_path);
     models::TrmConfig mc = model_config(cfg, data.train);
-    if (cfg.global_batch_size > data.train.size() * 1000)
-      throw UserError(
-          "global_batch_size=" + std::to_string(cfg.global_batch_size) +
-          " is far beyond the " + std::to_string(data.train.size()) +
-          " training rows; lower it.");
     const Precision precision = resolve_precision(cfg.dtype, device);
     const MicroPlan plan = plan_micro(cfg, mc, device, precision);
     if (cfg.device_batch_size && killed_when_out_of_memory(device))
@@ -370,7 +361,8 @@ class TrmStage : public Stage {
     models::Trm model(mc);
     model->to(dev);
     model->train();
-    result.parameters = count_parameters(mc);
+    for (const auto& p : model->parameters())
+      result.parameters += p.numel();
     result.trainable_parameters = result.parameters;
     result.data_description = data.description;
 
