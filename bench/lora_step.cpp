@@ -19,22 +19,9 @@
 #include <cstdlib>
 
 #ifdef ORCHARD_KINETO
-#include <torch/csrc/autograd/profiler_kineto.h>
-// One profiled step written as a Chrome trace (bench/trace_summary.py sums
-// its GPU kernels): where a step's time goes.
-namespace {
-namespace kp = torch::profiler::impl;
-void trace_start() {
-  kp::ProfilerConfig cfg(kp::ProfilerState::KINETO);
-  std::set<kp::ActivityType> act = {
-      kp::ActivityType::CPU, kp::ActivityType::CUDA};
-  torch::autograd::profiler::prepareProfiler(cfg, act);
-  torch::autograd::profiler::enableProfiler(cfg, act);
-}
-void trace_stop(const char* path) {
-  torch::autograd::profiler::disableProfiler()->save(path);
-}
-} // namespace
+#include "kineto_trace.h"
+using orchard::bench::trace_start;
+using orchard::bench::trace_stop;
 #endif
 
 int main(int argc, char** argv) {

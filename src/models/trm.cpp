@@ -15,6 +15,8 @@ namespace F = torch::nn::functional;
 constexpr double kInvSqrt2 = 0.707106781;
 // The Q-head starts at "do not halt" (sigmoid(-5) ~ 0.007).
 constexpr double kQHeadBias = -5.0;
+// The GPU's matrix kernels want rows of a multiple of 8 values.
+constexpr int64_t kPositionMultiple = 8;
 // The truncated normal is cut at two of its standard deviations.
 constexpr double kTruncation = 2.0;
 
@@ -25,6 +27,12 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias = false) {
   if (bias)
     l->bias.zero_();
   return l;
+}
+
+// Where a step needs float32 (norms, rotary, softmax, the Q-head), lower
+// precisions are raised to it and float64 stays (the reference tests).
+torch::ScalarType at_least_float32(torch::ScalarType t) {
+  return c10::promoteTypes(t, torch::kFloat32);
 }
 
 torch::Tensor rotate_half(const torch::Tensor& x) {
@@ -159,7 +167,9 @@ void trunc_normal_(torch::Tensor& t, double std) {
 }
 
 torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps) {
-  const auto f = x.to(torch::kFloat32);
+  if (auto fused = compat::fused_rms_norm(x, eps))
+    return *fused;
+  const auto f = x.to(at_least_float32(x.scalar_type()));
   return (f * torch::rsqrt(f.square().mean(-1, true) + eps)).to(x.dtype());
 }
 
@@ -169,9 +179,22 @@ TrmSwiGluImpl::TrmSwiGluImpl(int64_t in, double expansion) {
   down_proj = register_module("down_proj", linear(inner, in));
 }
 
+// silu(gate) * up, the two halves of `gate_up` (2I, in) applied as two
+// products: each comes out contiguous, where halves of one product are
+// strided and take the slow elementwise kernels (measured on an H100,
+// a fifth of the step), and the backward needs no concatenation.
+namespace {
+torch::Tensor swiglu_hidden(
+    const torch::Tensor& x,
+    const torch::Tensor& gate_up) {
+  const int64_t inner = gate_up.size(0) / 2;
+  return torch::silu(F::linear(x, gate_up.narrow(0, 0, inner))) *
+      F::linear(x, gate_up.narrow(0, inner, inner));
+}
+} // namespace
+
 torch::Tensor TrmSwiGluImpl::forward(const torch::Tensor& x) {
-  auto gu = gate_up_proj(x).chunk(2, -1);
-  return down_proj(torch::silu(gu[0]) * gu[1]);
+  return down_proj(swiglu_hidden(x, gate_up_proj->weight));
 }
 
 TrmAttentionImpl::TrmAttentionImpl(int64_t hidden, int64_t heads_, bool causal_)
@@ -191,10 +214,10 @@ torch::Tensor TrmAttentionImpl::forward(
   auto k = qkv.narrow(2, heads, heads);
   auto v = qkv.narrow(2, 2 * heads, heads);
   if (cos.defined()) {
-    // (T, hd) over (B, T, H, hd), in the tables' float32.
+    // (T, hd) over (B, T, H, hd), in float32 at least.
     const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-    const auto dt = q.scalar_type();
-    auto qf = q.to(cos.scalar_type()), kf = k.to(cos.scalar_type());
+    const auto dt = q.scalar_type(), work = at_least_float32(dt);
+    auto qf = q.to(work), kf = k.to(work);
     q = (qf * c + rotate_half(qf) * s).to(dt);
     k = (kf * c + rotate_half(kf) * s).to(dt);
   }
@@ -212,7 +235,9 @@ torch::Tensor TrmAttentionImpl::forward(
               .triu(1),
           -std::numeric_limits<double>::infinity());
     y = torch::matmul(
-        torch::softmax(scores.to(torch::kFloat32), -1).to(v.dtype()), v);
+        torch::softmax(scores.to(at_least_float32(scores.scalar_type())), -1)
+            .to(v.dtype()),
+        v);
   }
   return o_proj(y.transpose(1, 2).reshape({B, T, D}));
 }
@@ -233,8 +258,31 @@ torch::Tensor TrmBlockImpl::forward(
   if (mlp_t) {
     // Across positions: (B, D, T); the norm then runs over positions.
     auto t = h.transpose(1, 2);
-    t = rms_norm_unscaled(t + mlp_t(t), eps);
-    h = t.transpose(1, 2);
+    const int64_t T = t.size(-1);
+    const int64_t pad =
+        (kPositionMultiple - T % kPositionMultiple) % kPositionMultiple;
+    if (pad == 0 || !(h.is_cuda() || align_positions_everywhere)) {
+      t = rms_norm_unscaled(t + mlp_t(t), eps);
+      h = t.transpose(1, 2);
+    } else {
+      // T = 97 (Sudoku's 16 + 81) makes the products' rows 97 values
+      // long, which the GPU's fast matrix kernels cannot take (they read
+      // 8 aligned values at a time): measured on an H100, a third of the
+      // step. The same sums with zeros after the T positions: the input
+      // and the weights padded to a multiple of 8, the padded outputs
+      // zero, the norm's mean over the T real positions.
+      const auto tp = F::pad(t, F::PadFuncOptions({0, pad}));
+      const auto& gu = mlp_t->gate_up_proj->weight; // (2I, T)
+      const auto& down = mlp_t->down_proj->weight;  // (T, I)
+      auto y = F::linear(
+          swiglu_hidden(tp, F::pad(gu, F::PadFuncOptions({0, pad}))),
+          F::pad(down, F::PadFuncOptions({0, 0, 0, pad})));
+      auto r = tp + y;
+      const auto f = r.to(at_least_float32(r.scalar_type()));
+      r = (f * torch::rsqrt(f.square().sum(-1, true) / double(T) + eps))
+              .to(r.scalar_type());
+      h = r.narrow(-1, 0, T).transpose(1, 2).contiguous();
+    }
   } else {
     h = rms_norm_unscaled(h + self_attn(h, cos, sin), eps);
   }
@@ -320,8 +368,16 @@ TrmStepOutput TrmImpl::step(
     const torch::Tensor& z_L0,
     const torch::Tensor& inputs,
     const torch::Tensor& puzzle_ids) {
-  const auto x = input_embeddings(inputs, puzzle_ids);
+  auto x = input_embeddings(inputs, puzzle_ids);
   torch::Tensor z_H = z_H0, z_L = z_L0;
+  // Under autocast the states and the injection stay in its dtype (as
+  // upstream runs in bfloat16), not in float32 with products cast down.
+  const auto dt = compat::autocast_dtype(x.device().type());
+  if (dt != torch::kFloat32) {
+    x = x.to(dt);
+    z_H = z_H.to(dt);
+    z_L = z_L.to(dt);
+  }
   {
     torch::NoGradGuard no_grad; // every cycle but the last
     for (int64_t h = 0; h + 1 < config.H_cycles; ++h) {
@@ -330,12 +386,17 @@ TrmStepOutput TrmImpl::step(
       z_H = net(z_H, z_L);
     }
   }
+  // Under autocast the weights' casts made above carry no gradient; were
+  // they reused from autocast's cache below, the loss would not reach the
+  // weights (PyTorch issue 112583, fixed only in recent releases).
+  compat::clear_autocast_cache();
   for (int64_t l = 0; l < config.L_cycles; ++l)
     z_L = net(z_L, z_H + x);
   z_H = net(z_H, z_L);
   TrmStepOutput out;
   out.logits = lm_head(z_H).narrow(1, config.prefix_len(), config.seq_len);
-  const auto q = q_head(z_H.select(1, 0)).to(torch::kFloat32);
+  auto q = q_head(z_H.select(1, 0));
+  q = q.to(at_least_float32(q.scalar_type()));
   out.q_halt = q.select(1, 0);
   out.q_continue = q.select(1, 1);
   out.z_H = z_H.detach();

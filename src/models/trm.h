@@ -81,7 +81,7 @@ int64_t swiglu_width(int64_t h, double expansion);
 // normal, the scale chosen so that the truncated values have std `std`.
 void trunc_normal_(torch::Tensor& t, double std);
 
-// RMSNorm without a learnable scale, in float32, back in x's dtype.
+// RMSNorm without a learnable scale, in float32 at least, back in x's dtype.
 torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps);
 
 struct TrmSwiGluImpl : torch::nn::Module {
@@ -113,13 +113,16 @@ struct TrmBlockImpl : torch::nn::Module {
   TrmAttention self_attn{nullptr};
   TrmSwiGlu mlp_t{nullptr}, mlp{nullptr};
   double eps;
+  // mlp_t on CUDA pads the positions to a multiple of 8 for the products
+  // (the same result); true does so on every device (the tests).
+  bool align_positions_everywhere = false;
 };
 TORCH_MODULE(TrmBlock);
 
 struct TrmStepOutput {
   torch::Tensor z_H, z_L;           // the new carry, detached (B, T, D)
   torch::Tensor logits;             // (B, S, V)
-  torch::Tensor q_halt, q_continue; // (B) float32
+  torch::Tensor q_halt, q_continue; // (B) float32 (float64 in a float64 model)
 };
 
 struct TrmImpl : torch::nn::Module {

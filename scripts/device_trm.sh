@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 20 on the CUDA machine (../shared/device/README.md).
+# PHASE=bench (default): build orchard and the golden tests against
+#   PyTorch's libtorch; run the Trm unit tests; write the TRM reference fixtures
+#   (tests/reference/trm_reference.py, back as $OUT/trm_reference.tgz) and check
+#   Orchard against them; then time one supervision step of the paper's
+#   Sudoku MLP model (batch 768, bfloat16) in PyTorch eager, torch.compile
+#   (bench/peers/trm_step.py) and `orchard train --preset trm-sudoku`.
+# PHASE=profile: orchard_bench_trm (the step alone) and the peers, each
+#   with a kernel summary of one traced step (NO_PEER=1: Orchard only).
+# PHASE=accuracy: `orchard train --preset trm-sudoku` on generated easy
+#   9x9 puzzles for MINUTES (default 9) with evaluations of 1,000 held-out
+#   puzzles along the way (the accuracy-against-time curve).
+# PHASE=peer-accuracy: the PyTorch peer (torch.compile) given the same
+#   minutes and data.
+# At most 8 files come back: logs go to /tmp/trm-logs and come back as
+# $OUT/logs.tgz; the fixtures as $OUT/trm_reference.tgz.
+set -uo pipefail
+RESULT="${OUT:-/tmp/orchard-out}"
+OUT=/tmp/trm-logs
+mkdir -p "$RESULT" "$OUT"
+trap 'tar czf "$RESULT/logs.tgz" -C "$OUT" .' EXIT
+export PYTHONUNBUFFERED=1
+status=0
+source scripts/device_debs.sh
+case "${PHASE:-bench}" in
+bench) device_build orchard orchard_golden_tests orchard_unit_tests ;;
+profile) device_build orchard orchard_bench_trm orchard_bench_trm_trace ;;
+*) device_build orchard ;;
+esac
+O=$PWD/build-cuda/orchard
+D9=/tmp/trm-easy9
+[ -f $D9/train.csv ] || $O data sudoku --size 9 --difficulty easy --count 10000 --augment 8 --seed 1 --out $D9 | head -1
+# `orchard train --preset trm-sudoku` for STEPS steps: s/step from
+# metrics.jsonl after 15 warm-up steps.
+train_bench() {
+  R=/tmp/trm-bench-run; rm -rf $R
+  $O train --preset trm-sudoku data=$D9 num_iterations=${STEPS:-80} eval_every=0 eval_size=100 save_every=0 \
+    run_dir=$R > "$OUT/orchard_bench.log" 2>&1 || { status=1; tail -20 "$OUT/orchard_bench.log"; }
+  grep -E "^Batch|^Plan|step 1/" "$OUT/orchard_bench.log"
+  python3 - $R <<'PY' | tee -a "$RESULT/trm_bench.jsonl"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if '"tokens_per_s"' in l]
+timed = rows[15:]
+dt = (timed[-1]["elapsed_s"] - rows[14]["elapsed_s"]) / len(timed)
+print(json.dumps({"peer": "orchard", "steps": len(timed), "s_per_step": round(dt, 5),
+                  "cells_per_s": round(768 * 81 / dt),
+                  "peak_memory_mb": max(r["peak_memory_mb"] for r in timed)}))
+PY
+}
+case "${PHASE:-bench}" in
+bench)
+  python3 tests/reference/trm_reference.py tests/fixtures/trm_reference || status=1
+  tar czf "$RESULT/trm_reference.tgz" -C tests/fixtures trm_reference
+  ./build-cuda/orchard_golden_tests --gtest_filter='TrmReference.*' > "$OUT/golden.log" 2>&1 || status=1
+  OMP_NUM_THREADS=4 ./build-cuda/orchard_unit_tests --gtest_filter='Trm.*' > "$OUT/unit.log" 2>&1 || status=1
+  grep -hE "trm_reference\]|^\[  (PASSED|FAILED) |Failure" -A2 "$OUT/golden.log" "$OUT/unit.log" | head -30
+  for flag in "" --compile; do
+    python3 bench/peers/trm_step.py --data $D9 $flag > "$OUT/peer$flag.log" 2>&1 || { status=1; tail -20 "$OUT/peer$flag.log"; }
+    grep '^{"peer"' "$OUT/peer$flag.log" | tee -a "$RESULT/trm_bench.jsonl"
+  done
+  train_bench
+  ;;
+profile)
+  # Where a step's time goes: Orchard's step alone (orchard_bench_trm) and
+  # the peers', each with a Kineto trace summed by bench/trace_summary.py.
+  ./build-cuda/orchard_bench_trm cuda | tee -a "$RESULT/trm_bench.jsonl"
+  ORCHARD_TRACE=$OUT/orchard.json ./build-cuda/orchard_bench_trm_trace cuda 768 3 > /dev/null
+  python3 bench/trace_summary.py $OUT/orchard.json 25
+  [ "${NO_PEER:-0}" = 1 ] || for flag in "" --compile; do
+    python3 bench/peers/trm_step.py --data $D9 $flag --steps 20 --trace $OUT/peer$flag.json | tee -a "$RESULT/trm_bench.jsonl"
+    python3 bench/trace_summary.py $OUT/peer$flag.json 25
+  done
+  train_bench
+  gzip $OUT/*.json
+  ;;
+accuracy)
+  R=/tmp/trm-acc-run; rm -rf $R
+  timeout -s INT $(( ${MINUTES:-9} * 60 )) $O train --preset trm-sudoku data=$D9 num_iterations=100000 \
+    lr_warmup_steps=${WARMUP:-500} lr=${LR:-1e-4} eval_every=${EVAL_EVERY:-1000} eval_size=1000 save_every=2000 \
+    run_dir=$R > "$OUT/orchard_accuracy.log" 2>&1
+  grep -E "^Batch|held-out" "$OUT/orchard_accuracy.log" | tail -20
+  cp $R/metrics.jsonl "$RESULT/accuracy_metrics.jsonl"
+  ;;
+peer-accuracy)
+  python3 bench/peers/trm_step.py --data $D9 --compile --minutes ${MINUTES:-9} --lr ${LR:-1e-4} \
+    > "$OUT/peer_accuracy.log" 2>&1 || { status=1; tail -20 "$OUT/peer_accuracy.log"; }
+  grep '^{"peer"' "$OUT/peer_accuracy.log"
+  ;;
+esac
+exit $status
