@@ -211,5 +211,61 @@ TEST(TrmCli, BadInputGetsAMessageAndExit2) {
   expect_refused(after);
 }
 
+// The memory plan for the paper's model on simulated GPUs: the whole
+// global batch where it fits, the largest divisor of it that fits where
+// it does not, and a refusal with the fix where nothing does.
+TEST(TrmCli, PlanPicksTheLargestMicroBatchThatFits) {
+  TempDir t;
+  auto d = test::run_orchard(
+      {"data",
+       "sudoku",
+       "--size",
+       "9",
+       "--difficulty",
+       "easy",
+       "--count",
+       "20",
+       "--out",
+       t.file("d9")},
+      kEnv);
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  auto plan = [&](const std::string& gb, bool json) {
+    std::vector<std::string> args = {
+        "plan",
+        "--preset",
+        "trm-sudoku",
+        "--assume-device",
+        "cuda",
+        "--memory-gb",
+        gb,
+        "data=" + t.file("d9")};
+    if (json)
+      args.push_back("--json");
+    return test::run_orchard(args, kEnv);
+  };
+  auto choice = [&](const std::string& gb) {
+    auto r = plan(gb, true);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  };
+  const auto big = choice("80");
+  EXPECT_EQ(big["choice"]["batch"], 768);
+  const auto small = choice("8");
+  const int64_t b = small["choice"]["batch"];
+  const double budget = small["budget_bytes"];
+  EXPECT_LT(b, 768);
+  EXPECT_EQ(768 % b, 0);
+  EXPECT_LE(small["choice"]["total_bytes"].get<double>(), budget);
+  for (const auto& c : small["candidates"]) // the next size up does not fit
+    if (c["batch"].get<int64_t>() > b) {
+      EXPECT_GT(c["total_bytes"].get<double>(), budget);
+      break;
+    }
+  auto none = plan("0.5", false);
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.out.find("(nothing fits)"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("lower global_batch_size"), std::string::npos);
+}
+
 } // namespace
 } // namespace orchard

@@ -305,9 +305,16 @@ class TrmStage : public Stage {
         " positions, " + precision.name + "; " +
         std::to_string(cfg.global_batch_size) + " puzzles per step\n" +
         plan_text(p) + "Choice: device_batch_size=" + std::to_string(p.micro) +
-        (cfg.device_batch_size ? " (as set)" : " (the largest that fits)") +
+        (cfg.device_batch_size ? " (as set)"
+             : p.fits          ? " (the largest that fits)"
+                               : " (nothing fits)") +
         ", " + train::format_mb(p.memory.total()) + " of " +
         train::format_mb(double(p.budget.bytes)) + "\n";
+    if (!p.fits)
+      out.text +=
+          "Too large for this memory: lower global_batch_size (the carry "
+          "grows with it) or arch.hidden_size, or set a smaller "
+          "device_batch_size.\n";
     return out;
   }
 
