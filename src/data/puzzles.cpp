@@ -455,11 +455,17 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
     }
     have = int64_t(made.size());
   }
-  if (train.empty())
+  const int64_t distinct = int64_t(test.size() + train.size());
+  if (distinct < o.count || train.empty())
     throw UserError(
-        "only " + std::to_string(test.size()) +
-        " distinct puzzles could be made; raise --count or change "
-        "--difficulty.");
+        "only " + std::to_string(distinct) + " distinct " +
+        std::to_string(shape.n) + "x" + std::to_string(shape.n) +
+        " puzzles of --difficulty " + difficulty +
+        (o.givens.empty() ? "" : " --givens " + o.givens) + " came out of " +
+        std::to_string(made.size()) + " made (" + std::to_string(o.count) +
+        " asked); lower --count to " +
+        std::to_string(std::max<int64_t>(2, distinct)) +
+        " or less, or change --difficulty or --givens.");
 
   fs::create_directories(o.out);
   auto row = [](const std::string& src, const sudoku::Puzzle& p) {

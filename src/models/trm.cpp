@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "ops/rms_norm.h"
 
 #include <cmath>
 
@@ -166,13 +167,6 @@ void trunc_normal_(torch::Tensor& t, double std) {
   t.clamp_(-kTruncation * comp_std, kTruncation * comp_std);
 }
 
-torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps) {
-  if (auto fused = compat::fused_rms_norm(x, eps))
-    return *fused;
-  const auto f = x.to(at_least_float32(x.scalar_type()));
-  return (f * torch::rsqrt(f.square().mean(-1, true) + eps)).to(x.dtype());
-}
-
 TrmSwiGluImpl::TrmSwiGluImpl(int64_t in, double expansion) {
   const int64_t inner = swiglu_width(in, expansion);
   gate_up_proj = register_module("gate_up_proj", linear(in, 2 * inner));
@@ -262,7 +256,7 @@ torch::Tensor TrmBlockImpl::forward(
     const int64_t pad =
         (kPositionMultiple - T % kPositionMultiple) % kPositionMultiple;
     if (pad == 0 || !(h.is_cuda() || align_positions_everywhere)) {
-      t = rms_norm_unscaled(t + mlp_t(t), eps);
+      t = ops::rms_norm_unscaled(t + mlp_t(t), eps);
       h = t.transpose(1, 2);
     } else {
       // T = 97 (Sudoku's 16 + 81) makes the products' rows 97 values
@@ -284,9 +278,9 @@ torch::Tensor TrmBlockImpl::forward(
       h = r.narrow(-1, 0, T).transpose(1, 2).contiguous();
     }
   } else {
-    h = rms_norm_unscaled(h + self_attn(h, cos, sin), eps);
+    h = ops::rms_norm_unscaled(h + self_attn(h, cos, sin), eps);
   }
-  return rms_norm_unscaled(h + mlp(h), eps);
+  return ops::rms_norm_unscaled(h + mlp(h), eps);
 }
 
 TrmImpl::TrmImpl(TrmConfig c) : config(std::move(c)) {

@@ -81,9 +81,6 @@ int64_t swiglu_width(int64_t h, double expansion);
 // normal, the scale chosen so that the truncated values have std `std`.
 void trunc_normal_(torch::Tensor& t, double std);
 
-// RMSNorm without a learnable scale, in float32 at least, back in x's dtype.
-torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps);
-
 struct TrmSwiGluImpl : torch::nn::Module {
   TrmSwiGluImpl(int64_t in, double expansion);
   torch::Tensor forward(const torch::Tensor& x);

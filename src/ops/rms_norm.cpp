@@ -1,5 +1,6 @@
 #include "ops/rms_norm.h"
 
+#include "core/torch_compat.h"
 #include "ops/kernel_call.h"
 
 #ifdef ORCHARD_CUDA_KERNELS
@@ -15,6 +16,14 @@ torch::Tensor rms_norm_reference(
   auto x32 = x.to(torch::kFloat32);
   x32 = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * x32.to(x.scalar_type());
+}
+
+torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps) {
+  if (auto fused = compat::fused_rms_norm(x, eps))
+    return *fused;
+  const auto f = x.to(c10::promoteTypes(x.scalar_type(), torch::kFloat32));
+  return (f * torch::rsqrt(f.square().mean(-1, true) + eps))
+      .to(x.scalar_type());
 }
 
 bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight) {

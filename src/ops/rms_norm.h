@@ -29,6 +29,12 @@ torch::Tensor rms_norm(
     const torch::Tensor& weight,
     double eps);
 
+// x * rsqrt(mean(x^2) + eps) over the last dimension, without a weight
+// (the tiny recursive model's norm), in float32 at least (float64 stays),
+// back in x's dtype. With gradients: libtorch 2.9's fused CUDA RMSNorm
+// where the rows allow it (compat::fused_rms_norm), else the plain ops.
+torch::Tensor rms_norm_unscaled(const torch::Tensor& x, double eps);
+
 // Whether rms_norm(x, weight, eps) would run the fused kernel.
 bool rms_norm_is_fused(const torch::Tensor& x, const torch::Tensor& weight);
 

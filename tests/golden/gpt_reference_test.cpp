@@ -18,8 +18,8 @@
 // catches. Newton-Schulz, which Orchard runs in float32 (or bfloat16) when
 // it trains, is checked in float64 (tight) and in float32, as
 // OptimizerOptions::newton_schulz_dtype says and the reference mirrors.
-#include "core/safetensors.h"
 #include "models/gpt.h"
+#include "reference_fixture.h"
 #include "test_paths.h"
 #include "train/optimizer.h"
 
@@ -55,34 +55,13 @@ constexpr double kTolNsFloat32 = 2e-6;
 // Every weight moves at least this much (scaled as above) in 10 steps.
 constexpr double kMoved = 1e-4;
 
-struct Reference {
-  json config;
-  std::map<std::string, torch::Tensor> weights, tensors;
-  const torch::Tensor& at(const std::string& name) const {
-    auto it = tensors.find(name);
-    if (it == tensors.end())
-      throw std::invalid_argument("[gpt_reference] no tensor " + name);
-    return it->second;
-  }
-};
+using Reference = test::ReferenceFixture;
+using test::scaled_diff;
 
 const Reference& reference() {
-  static const Reference ref = [] {
-    Reference r;
-    r.weights = safetensors::load(kDir + "/model.safetensors");
-    r.tensors = safetensors::load(kDir + "/reference.safetensors");
-    auto file = safetensors::File::open(kDir + "/reference.safetensors");
-    r.config = json::parse(file.metadata().at("config"));
-    return r;
-  }();
+  static const Reference ref = test::load_reference_fixture(
+      kDir + "/model.safetensors", kDir + "/reference.safetensors");
   return ref;
-}
-
-// max |a - b| / max(1, max |b|).
-double scaled_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  auto want = b.to(torch::kFloat64);
-  double scale = std::max(1.0, want.abs().max().item<double>());
-  return (a.to(torch::kFloat64) - want).abs().max().item<double>() / scale;
 }
 
 // The largest difference a test saw, printed when it ends (llm.c's test

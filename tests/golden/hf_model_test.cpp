@@ -682,9 +682,9 @@ TEST(HfModel, ChunkedTokenLogprobsEqualTheWholeLogits) {
         }
         model->train();
         model->logprob_chunk_rows = 2;
-        auto lp = chunked
-            ? model->token_logprobs(ids, 2, cols, targets, t)
-            : model->models::LanguageModel::token_logprobs(ids, 2, cols, targets, t);
+        auto lp = chunked ? model->token_logprobs(ids, 2, cols, targets, t)
+                          : model->models::LanguageModel::token_logprobs(
+                                ids, 2, cols, targets, t);
         (lp * torch::linspace(-1, 2, lp.numel(), lp.options()).view_as(lp))
             .sum()
             .backward();

@@ -14,8 +14,8 @@
 //
 // Everything runs in float64 on the CPU; the two implementations differ
 // only in the order of their roundings (kTol says what was seen).
-#include "core/safetensors.h"
 #include "models/trm.h"
+#include "reference_fixture.h"
 #include "stages/trm/recursion.h"
 #include "test_paths.h"
 #include "train/optimizer.h"
@@ -42,30 +42,13 @@ const std::string kDir = std::string(ORCHARD_FIXTURES) + "/trm_reference";
 // float32-valued in both (as Orchard stores them).
 constexpr double kTol = 1e-11;
 
-struct Reference {
-  json config;
-  std::map<std::string, torch::Tensor> weights, tensors;
-  const torch::Tensor& at(const std::string& name) const {
-    auto it = tensors.find(name);
-    if (it == tensors.end())
-      throw std::invalid_argument("[trm_reference] no tensor " + name);
-    return it->second;
-  }
-};
+using Reference = test::ReferenceFixture;
+using test::scaled_diff;
 
 Reference load_reference(const std::string& variant) {
-  Reference r;
-  r.weights = safetensors::load(kDir + "/" + variant + ".model.safetensors");
-  const std::string path = kDir + "/" + variant + ".reference.safetensors";
-  r.tensors = safetensors::load(path);
-  r.config = json::parse(safetensors::File::open(path).metadata().at("config"));
-  return r;
-}
-
-double scaled_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  auto want = b.to(torch::kFloat64);
-  const double scale = std::max(1.0, want.abs().max().item<double>());
-  return (a.to(torch::kFloat64) - want).abs().max().item<double>() / scale;
+  return test::load_reference_fixture(
+      kDir + "/" + variant + ".model.safetensors",
+      kDir + "/" + variant + ".reference.safetensors");
 }
 
 double gradient_diff(const torch::Tensor& a, const torch::Tensor& want) {
