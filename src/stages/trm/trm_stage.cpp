@@ -416,6 +416,11 @@ class TrmStage : public Stage {
           {"val_exact_accuracy", last.exact},
           {"val_cell_accuracy", last.cells},
           {"val_q_halt_accuracy", last.q_halt_accuracy}};
+      // After the first supervision step too: the gap to the last is
+      // what the recursion adds.
+      if (!last.exact_by_step.empty())
+        r.metrics.emplace_back(
+            "val_exact_accuracy_step_1", last.exact_by_step.front());
       r.summary = "held-out exact " + pct(last.exact) + ", cells " +
           pct(last.cells) + ", Q-halt " + pct(last.q_halt_accuracy) + " (" +
           std::to_string(last.puzzles) + " puzzles)";
