@@ -22,15 +22,21 @@ using test::TempDir;
 
 const std::map<std::string, std::string> kEnv = {{"OMP_NUM_THREADS", "1"}};
 
-// A 4x4 puzzle set of `count` in `dir`.
-void make_data(const std::string& dir, int count) {
+// `orchard data sudoku` of `count` puzzles of side `size` in `dir`.
+void make_data(
+    const std::string& dir,
+    int count,
+    int size = 4,
+    const std::string& difficulty = "auto") {
   auto r = test::run_orchard(
       {"data",
        "sudoku",
        "--size",
-       "4",
+       std::to_string(size),
        "--count",
        std::to_string(count),
+       "--difficulty",
+       difficulty,
        "--out",
        dir},
       kEnv);
@@ -93,19 +99,7 @@ TEST(TrmCli, TheQuickPresetLearnsFourByFourSudoku) {
 // would give the same answer after every step.
 TEST(TrmCli, SixBySixAnswersImproveWithEverySupervisionStep) {
   TempDir t;
-  auto d = test::run_orchard(
-      {"data",
-       "sudoku",
-       "--size",
-       "6",
-       "--count",
-       "2500",
-       "--difficulty",
-       "minimal",
-       "--out",
-       t.file("s6")},
-      kEnv);
-  ASSERT_EQ(d.exit_code, 0) << d.err;
+  make_data(t.file("s6"), 2500, 6, "minimal");
   auto r = test::run_orchard(
       {"train",
        "--preset",
@@ -294,19 +288,7 @@ TEST(TrmCli, BadInputGetsAMessageAndExit2) {
 // it does not, and a refusal with the fix where nothing does.
 TEST(TrmCli, PlanPicksTheLargestMicroBatchThatFits) {
   TempDir t;
-  auto d = test::run_orchard(
-      {"data",
-       "sudoku",
-       "--size",
-       "9",
-       "--difficulty",
-       "easy",
-       "--count",
-       "20",
-       "--out",
-       t.file("d9")},
-      kEnv);
-  ASSERT_EQ(d.exit_code, 0) << d.err;
+  make_data(t.file("d9"), 20, 9, "easy");
   auto plan = [&](const std::string& gb, bool json) {
     std::vector<std::string> args = {
         "plan",
