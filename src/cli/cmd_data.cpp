@@ -1,5 +1,5 @@
-// `orchard data text|chat|wordnet|wordle|sudoku`: prepare training data. Thin:
-// parse, call src/data, print the summary.
+// `orchard data text|chat|wordnet|wordle|sudoku|maze`: prepare training data.
+// Thin: parse, call src/data, print the summary.
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -18,6 +18,27 @@
 #include <memory>
 
 namespace orchard::cli {
+
+namespace {
+
+// The options `orchard data sudoku` and `orchard data maze` share.
+void add_puzzle_options(
+    CLI::App* app,
+    data::PuzzleDataOptions& o,
+    const char* what,
+    const char* copies) {
+  app->add_option(
+         "--count", o.count, std::string(what) + " before augmentation")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(2), int64_t(100'000'000)));
+  app->add_option("--out", o.out, "the folder to write")->required();
+  app->add_option("--augment", o.augment, copies)->capture_default_str();
+  app->add_option("--test-fraction", o.test_fraction, "share held out")
+      ->capture_default_str();
+  app->add_option("--seed", o.seed, "seed")->capture_default_str();
+}
+
+} // namespace
 
 Command register_data(CLI::App& root) {
   CLI::App* app = root.add_subcommand("data", "Prepare training data");
@@ -137,12 +158,14 @@ Command register_data(CLI::App& root) {
       "sudoku",
       "Generate Sudoku with exactly one solution for stage=trm (train.csv, "
       "test.csv and puzzles.csv in Sudoku-Extreme's layout, dataset.json)");
-  sudoku->add_option("--count", sd_opt->count, "puzzles before augmentation")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t(2), int64_t(100'000'000)));
+  add_puzzle_options(
+      sudoku,
+      *sd_opt,
+      "puzzles",
+      "symmetric copies of each training puzzle (digits relabelled, bands, "
+      "stacks, rows, columns, transpose)");
   sudoku->add_option("--size", sd_opt->n, "side: 4, 6 or 9")
       ->capture_default_str();
-  sudoku->add_option("--out", sd_opt->out, "the folder to write")->required();
   sudoku->add_option(
       "--givens", sd_opt->givens, "MIN-MAX givens kept, such as 26-36");
   sudoku
@@ -153,16 +176,29 @@ Command register_data(CLI::App& root) {
           "(<= 25, not solved by singles), extreme (minimal, not by singles, "
           "long search), minimal, any")
       ->capture_default_str();
-  sudoku
-      ->add_option(
-          "--augment",
-          sd_opt->augment,
-          "symmetric copies of each training puzzle (digits relabelled, "
-          "bands, stacks, rows, columns, transpose)")
+
+  auto mz_opt = std::make_shared<data::MazeDataOptions>();
+  CLI::App* maze = app->add_subcommand(
+      "maze",
+      "Generate mazes with exactly one shortest path for stage=trm "
+      "(Maze-Hard's kind: 30x30, paths of 110 steps or more; train.csv, "
+      "test.csv, puzzles.csv, dataset.json)");
+  add_puzzle_options(
+      maze,
+      *mz_opt,
+      "mazes",
+      "turned and mirrored copies of each training maze (0-7)");
+  maze->add_option("--size", mz_opt->side, "side (5-60)")
       ->capture_default_str();
-  sudoku->add_option("--test-fraction", sd_opt->test_fraction, "share held out")
+  maze->add_option(
+      "--min-path",
+      mz_opt->min_path,
+      "fewest steps from S to G (0: 110 at side 30, scaled by area)");
+  maze->add_option(
+          "--loops",
+          mz_opt->loops,
+          "share of inner walls opened (routes compete)")
       ->capture_default_str();
-  sudoku->add_option("--seed", sd_opt->seed, "seed")->capture_default_str();
 
   return {
       app, [=] {
@@ -183,6 +219,23 @@ Command register_data(CLI::App& root) {
                            "by puzzle, none of them in training",
               s.difficulty_text.c_str(),
               sd_opt->out.c_str());
+          return 0;
+        }
+        if (maze->parsed()) {
+          const auto s = data::write_maze_dataset(*mz_opt);
+          std::printf(
+              "%lld %dx%d mazes with one shortest path each: %lld train "
+              "(%lld rows with augmentation), %lld held out (none of them, "
+              "turned or mirrored, in training); %s.\nWrote %s (train.csv, "
+              "test.csv, puzzles.csv, dataset.json)\n",
+              (long long)mz_opt->count,
+              mz_opt->side,
+              mz_opt->side,
+              (long long)s.train,
+              (long long)s.train_rows,
+              (long long)s.test,
+              s.difficulty_text.c_str(),
+              mz_opt->out.c_str());
           return 0;
         }
         if (wordle->parsed()) {

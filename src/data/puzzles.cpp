@@ -21,7 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kCsvHeader = "source,question,answer,rating";
 // Grid tokens (ARC's layout): padding, the end-of-grid marker, colour + 2.
 constexpr int64_t kPad = 0, kEndOfGrid = 1, kColourOffset = 2;
 constexpr int64_t kColours = 10;
@@ -58,43 +57,78 @@ PuzzleSet from_rows(
   return p;
 }
 
-PuzzleSet read_sudoku_csv(const std::string& path) {
+// The records of a puzzle CSV (header and blank lines skipped).
+struct CsvRow {
+  int64_t line = 0;
+  std::string question, answer;
+};
+
+constexpr const char* kSudokuLayout =
+    "Each line is source,question,answer,rating (Sudoku-Extreme's layout) "
+    "with n*n cells, '.' for a blank.";
+constexpr const char* kMazeLayout =
+    "Each line is source,question,answer,rating with side*side cells: '#' "
+    "wall, '.' open, 'S' start, 'G' goal, and 'o' on the answer's shortest "
+    "path.";
+
+UserError bad_row(
+    const std::string& path,
+    int64_t line,
+    const std::string& why,
+    const char* layout) {
+  return UserError(
+      path + ":" + std::to_string(line) + ": " + why + ". " + layout);
+}
+
+std::vector<CsvRow> read_csv_rows(const std::string& path) {
   std::ifstream in(path);
   if (!in)
     throw UserError("cannot read " + path + ": " + std::strerror(errno) + ".");
-  std::vector<int64_t> q, a;
-  sudoku::Shape shape{0, 0, 0};
+  std::vector<CsvRow> rows;
   std::string line;
-  int64_t line_no = 0, count = 0;
-  auto bad = [&](const std::string& why) {
-    return UserError(
-        path + ":" + std::to_string(line_no) + ": " + why +
-        ". Each line is source,question,answer,rating (Sudoku-Extreme's "
-        "layout) with n*n cells, '.' for a blank.");
-  };
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (trim(line).empty())
-      continue;
-    if (line_no == 1 && trim(line) == kCsvHeader)
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (trim(line).empty() || (line_no == 1 && trim(line) == kPuzzleCsvHeader))
       continue;
     const auto f = split_csv(line);
     if (f.size() != 4)
-      throw bad(std::to_string(f.size()) + " fields where 4 were expected");
-    const std::string question = trim(f[1]), answer = trim(f[2]);
-    if (shape.n == 0) {
-      shape = sudoku::shape_for_cells(int64_t(question.size()));
-      if (shape.n == 0)
-        throw bad(
-            "a question of " + std::to_string(question.size()) +
-            " characters; Orchard reads 4x4, 6x6 and 9x9 grids (16, 36 or "
-            "81 cells)");
-    }
+      throw bad_row(
+          path,
+          line_no,
+          std::to_string(f.size()) + " fields where 4 were expected",
+          kSudokuLayout);
+    rows.push_back({line_no, trim(f[1]), trim(f[2])});
+  }
+  if (rows.empty())
+    throw UserError(
+        path +
+        " holds no puzzles; write lines of source,question,answer,"
+        "rating.");
+  return rows;
+}
+
+PuzzleSet read_sudoku_csv(
+    const std::string& path,
+    const std::vector<CsvRow>& rows) {
+  std::vector<int64_t> q, a;
+  const sudoku::Shape shape =
+      sudoku::shape_for_cells(int64_t(rows.front().question.size()));
+  if (shape.n == 0)
+    throw bad_row(
+        path,
+        rows.front().line,
+        "a question of " + std::to_string(rows.front().question.size()) +
+            " characters; Orchard reads 4x4, 6x6 and 9x9 grids (16, 36 or 81 "
+            "cells)",
+        kSudokuLayout);
+  for (const CsvRow& r : rows) {
+    auto bad = [&](const std::string& why) {
+      return bad_row(path, r.line, why, kSudokuLayout);
+    };
     std::string err;
-    const sudoku::Grid qg = sudoku::from_text(question, shape, &err);
+    const sudoku::Grid qg = sudoku::from_text(r.question, shape, &err);
     if (qg.empty())
       throw bad("question: " + err);
-    const sudoku::Grid ag = sudoku::from_text(answer, shape, &err);
+    const sudoku::Grid ag = sudoku::from_text(r.answer, shape, &err);
     if (ag.empty())
       throw bad("answer: " + err);
     if (std::find(ag.begin(), ag.end(), 0) != ag.end())
@@ -111,16 +145,44 @@ PuzzleSet read_sudoku_csv(const std::string& path) {
       q.push_back(t);
     for (int64_t t : sudoku_tokens(ag))
       a.push_back(t);
-    ++count;
   }
-  if (count == 0)
-    throw UserError(
-        path +
-        " holds no puzzles; write lines of source,question,answer,"
-        "rating.");
-  std::vector<int64_t> ids(size_t(count), 0);
+  std::vector<int64_t> ids(rows.size(), 0);
   PuzzleSet p = from_rows("sudoku", shape.n, shape.n + 2, q, a, ids, 1);
   p.shape = shape;
+  p.source = path;
+  return p;
+}
+
+PuzzleSet read_maze_csv(
+    const std::string& path,
+    const std::vector<CsvRow>& rows) {
+  const int side = maze::side_for_cells(int64_t(rows.front().question.size()));
+  if (side < 3)
+    throw bad_row(
+        path,
+        rows.front().line,
+        "a maze of " + std::to_string(rows.front().question.size()) +
+            " cells, not a square of side 3 or more",
+        kMazeLayout);
+  std::vector<int64_t> q, a;
+  for (const CsvRow& r : rows) {
+    auto bad = [&](const std::string& why) {
+      return bad_row(path, r.line, why, kMazeLayout);
+    };
+    if (auto why = maze::text_problem(side, r.question, false); !why.empty())
+      throw bad("question: " + why);
+    if (auto why = maze::text_problem(side, r.answer, true); !why.empty())
+      throw bad("answer: " + why);
+    if (auto why = maze::answer_problem(side, r.question, r.answer);
+        !why.empty())
+      throw bad("the answer is not the shortest path: " + why);
+    for (int64_t t : maze_tokens(r.question))
+      q.push_back(t);
+    for (int64_t t : maze_tokens(r.answer))
+      a.push_back(t);
+  }
+  std::vector<int64_t> ids(rows.size(), 0);
+  PuzzleSet p = from_rows("maze", side, kMazeVocab, q, a, ids, 1);
   p.source = path;
   return p;
 }
@@ -245,6 +307,25 @@ std::vector<int64_t> sudoku_tokens(const sudoku::Grid& g) {
   return t;
 }
 
+std::vector<int64_t> maze_tokens(const std::string& grid) {
+  static const std::string chars = {
+      maze::kWall, maze::kOpen, maze::kStart, maze::kGoal, maze::kPath};
+  std::vector<int64_t> t;
+  for (char ch : grid)
+    t.push_back(int64_t(chars.find(ch)) + 1); // npos + 1: padding
+  return t;
+}
+
+std::string maze_from_tokens(const int64_t* tokens, int64_t cells) {
+  static const std::string chars = {
+      '?', maze::kWall, maze::kOpen, maze::kStart, maze::kGoal, maze::kPath};
+  std::string g(size_t(cells), '?');
+  for (int64_t i = 0; i < cells; ++i)
+    if (tokens[i] >= 0 && tokens[i] < int64_t(chars.size()))
+      g[size_t(i)] = chars[size_t(tokens[i])];
+  return g;
+}
+
 sudoku::Grid sudoku_from_tokens(const int64_t* tokens, int64_t cells) {
   sudoku::Grid g(static_cast<size_t>(cells));
   for (int64_t i = 0; i < cells; ++i)
@@ -254,8 +335,12 @@ sudoku::Grid sudoku_from_tokens(const int64_t* tokens, int64_t cells) {
 
 PuzzleSet read_puzzles(const std::string& path) {
   const std::string ext = lower(fs::path(path).extension().string());
-  if (ext == ".csv")
-    return read_sudoku_csv(path);
+  if (ext == ".csv") {
+    const std::vector<CsvRow> rows = read_csv_rows(path);
+    if (rows.front().question.find(maze::kWall) != std::string::npos)
+      return read_maze_csv(path, rows);
+    return read_sudoku_csv(path, rows);
+  }
   if (ext == ".jsonl" || ext == ".json")
     return read_grid_jsonl(path);
   throw UserError(
@@ -274,7 +359,8 @@ PuzzleSplits load_puzzle_splits(const std::string& path) {
       throw UserError(
           "data=" + path + " has no " + stem + ".csv or " + stem +
           ".jsonl; make one with `orchard data sudoku --out " + path +
-          "`, or give data= a single puzzle file.");
+          "` (or `orchard data maze`), or give data= a single puzzle "
+          "file.");
     };
     s.train = read_puzzles(find("train"));
     s.test = read_puzzles(find("test"));
@@ -291,7 +377,7 @@ PuzzleSplits load_puzzle_splits(const std::string& path) {
     throw UserError(
         "data=" + path +
         " does not exist; give a folder from `orchard data "
-        "sudoku` or a .csv/.jsonl puzzle file.");
+        "sudoku` or `orchard data maze`, or a .csv/.jsonl puzzle file.");
   PuzzleSet all = read_puzzles(path);
   if (all.size() < 2)
     throw UserError(
@@ -472,7 +558,7 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
     return src + "," + sudoku::to_text(p.question) + "," +
         sudoku::to_text(p.answer) + "," + std::to_string(p.nodes) + "\n";
   };
-  std::string train_csv = std::string(kCsvHeader) + "\n";
+  std::string train_csv = std::string(kPuzzleCsvHeader) + "\n";
   std::string test_csv = train_csv, puzzles_csv = train_csv;
   std::mt19937_64 aug_rng(uint64_t(o.seed) * 7919 + 17);
   int64_t train_rows = 0;

@@ -43,18 +43,60 @@ void make_data(
   ASSERT_EQ(r.exit_code, 0) << r.err;
 }
 
+// orchard train --preset trm-sudoku-quick on the CPU on `data` into `run`,
+// with more settings after: the arguments, and a run of them.
+std::vector<std::string> quick_args(
+    const std::string& data,
+    const std::string& run,
+    const std::vector<std::string>& settings = {}) {
+  std::vector<std::string> args = {
+      "train",
+      "--preset",
+      "trm-sudoku-quick",
+      "--device",
+      "cpu",
+      "data=" + data,
+      "run_dir=" + run};
+  args.insert(args.end(), settings.begin(), settings.end());
+  return args;
+}
+test::CliResult train_quick(
+    const std::string& data,
+    const std::string& run,
+    const std::vector<std::string>& settings = {}) {
+  return test::run_orchard(quick_args(data, run, settings), kEnv);
+}
+
+// orchard solve --json on one puzzle (`how`: --puzzle or --input).
+nlohmann::json solve_json(
+    const std::string& run,
+    const std::string& how,
+    const std::string& what) {
+  auto s = test::run_orchard(
+      {"solve", "--checkpoint", run, "--device", "cpu", "--json", how, what},
+      kEnv);
+  EXPECT_EQ(s.exit_code, 0) << s.err;
+  return nlohmann::json::parse(s.out.substr(s.out.find('{')));
+}
+
+// Each command exits 2 with its text in the message.
+struct Refused {
+  std::vector<std::string> args;
+  std::string says;
+};
+void expect_refused(const std::vector<Refused>& refused) {
+  for (const auto& c : refused) {
+    auto r = test::run_orchard(c.args, kEnv);
+    EXPECT_EQ(r.exit_code, 2) << c.args.back() << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos)
+        << c.says << " not in: " << r.err;
+  }
+}
+
 TEST(TrmCli, TheQuickPresetLearnsFourByFourSudoku) {
   TempDir t;
   make_data(t.file("s4"), 2500);
-  auto r = test::run_orchard(
-      {"train",
-       "--preset",
-       "trm-sudoku-quick",
-       "--device",
-       "cpu",
-       "data=" + t.file("s4"),
-       "run_dir=" + t.file("run")},
-      kEnv);
+  auto r = train_quick(t.file("s4"), t.file("run"));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto e = test::run_orchard(
       {"eval", "--checkpoint", t.file("run"), "--device", "cpu", "--json"},
@@ -74,18 +116,7 @@ TEST(TrmCli, TheQuickPresetLearnsFourByFourSudoku) {
   std::getline(test_csv, header);
   std::getline(test_csv, line);
   const std::string puzzle = line.substr(line.find(',') + 1, 16);
-  auto s = test::run_orchard(
-      {"solve",
-       "--checkpoint",
-       t.file("run"),
-       "--device",
-       "cpu",
-       "--json",
-       "--puzzle",
-       puzzle},
-      kEnv);
-  ASSERT_EQ(s.exit_code, 0) << s.err;
-  const auto a = nlohmann::json::parse(s.out.substr(s.out.find('{')));
+  const auto a = solve_json(t.file("run"), "--puzzle", puzzle);
   EXPECT_EQ(a["puzzle"], puzzle);
   EXPECT_EQ(a["answer"].get<std::string>().size(), 16u);
   EXPECT_EQ(a["valid"].get<bool>(), a["problem"].get<std::string>().empty());
@@ -100,14 +131,10 @@ TEST(TrmCli, TheQuickPresetLearnsFourByFourSudoku) {
 TEST(TrmCli, SixBySixAnswersImproveWithEverySupervisionStep) {
   TempDir t;
   make_data(t.file("s6"), 2500, 6, "minimal");
-  auto r = test::run_orchard(
-      {"train",
-       "--preset",
-       "trm-sudoku-quick",
-       "--device",
-       "cpu",
-       "data=" + t.file("s6"),
-       "arch.mlp_t=true",
+  auto r = train_quick(
+      t.file("s6"),
+      t.file("run"),
+      {"arch.mlp_t=true",
        "arch.pos_encodings=none",
        "arch.L_layers=1",
        "arch.H_cycles=1",
@@ -115,9 +142,7 @@ TEST(TrmCli, SixBySixAnswersImproveWithEverySupervisionStep) {
        "num_iterations=300",
        "eval_every=10",
        "eval_size=250",
-       "save_every=300",
-       "run_dir=" + t.file("run")},
-      kEnv);
+       "save_every=300"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // Every evaluation, of the EMA and of the raw weights: exact accuracy
   // after the first and after the last supervision step.
@@ -148,19 +173,14 @@ TEST(TrmCli, SixBySixAnswersImproveWithEverySupervisionStep) {
 std::vector<std::string> small_run(
     const std::string& data,
     const std::string& run) {
-  return {
-      "train",
-      "--preset",
-      "trm-sudoku-quick",
-      "--device",
-      "cpu",
-      "data=" + data,
-      "num_iterations=30",
-      "save_every=2",
-      "eval_every=0",
-      "eval_size=20",
-      "save_total_limit=0",
-      "run_dir=" + run};
+  return quick_args(
+      data,
+      run,
+      {"num_iterations=30",
+       "save_every=2",
+       "eval_every=0",
+       "eval_size=20",
+       "save_total_limit=0"});
 }
 
 TEST(TrmCli, SigkillThenResumeEndsWithTheSameWeightsAndCarry) {
@@ -209,11 +229,7 @@ TEST(TrmCli, BadInputGetsAMessageAndExit2) {
   TempDir t;
   make_data(t.file("s4"), 40);
   t.write("bad.csv", "source,question,answer,rating\nx,1.3.,1234,0\n");
-  struct Case {
-    std::vector<std::string> args;
-    std::string says;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<Refused> cases = {
       {{"data", "sudoku", "--size", "5", "--out", t.file("x")}, "--size 5"},
       {{"data", "sudoku", "--givens", "30-20", "--out", t.file("x")},
        "--givens 30-20"},
@@ -247,29 +263,12 @@ TEST(TrmCli, BadInputGetsAMessageAndExit2) {
         "arch.num_heads=3"},
        "not a multiple of arch.num_heads=3"},
   };
-  auto expect_refused = [](const std::vector<Case>& refused) {
-    for (const auto& c : refused) {
-      auto r = test::run_orchard(c.args, kEnv);
-      EXPECT_EQ(r.exit_code, 2) << c.args.back() << "\n" << r.out << r.err;
-      EXPECT_NE(r.err.find(c.says), std::string::npos)
-          << c.says << " not in: " << r.err;
-    }
-  };
   expect_refused(cases);
   // A trained run, then bad puzzles and settings for solve and eval.
-  auto run = test::run_orchard(
-      {"train",
-       "--preset",
-       "trm-sudoku-quick",
-       "--device",
-       "cpu",
-       "data=" + t.file("s4"),
-       "num_iterations=2",
-       "eval_size=4",
-       "run_dir=" + t.file("run")},
-      kEnv);
+  auto run = train_quick(
+      t.file("s4"), t.file("run"), {"num_iterations=2", "eval_size=4"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  const std::vector<Case> after = {
+  const std::vector<Refused> after = {
       {{"solve", "--checkpoint", t.file("run"), "--puzzle", "1x"},
        "'x' is not a digit 1-4"},
       {{"solve", "--checkpoint", t.file("run"), "--puzzle", "11.............."},
@@ -281,6 +280,103 @@ TEST(TrmCli, BadInputGetsAMessageAndExit2) {
        "is not a setting of a tiny recursive model"},
   };
   expect_refused(after);
+}
+
+// Mazes end to end on a tiny run: orchard data maze, training on them,
+// orchard eval, orchard solve on a maze drawn row by row (its answer
+// judged against the shortest path), and bad mazes refused. The trm-maze
+// preset generates its 30x30 mazes and plans the paper's model.
+TEST(TrmCli, MazesTrainSolveAndEvaluate) {
+  TempDir t;
+  auto d = test::run_orchard(
+      {"data",
+       "maze",
+       "--size",
+       "9",
+       "--count",
+       "60",
+       "--augment",
+       "3",
+       "--out",
+       t.file("m")},
+      kEnv);
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.out.find("54 train (216 rows"), std::string::npos) << d.out;
+  auto r = train_quick(
+      t.file("m"), t.file("run"), {"num_iterations=3", "eval_size=6"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("a held-out maze, shortest path"), std::string::npos)
+      << r.out;
+  auto e = test::run_orchard(
+      {"eval", "--checkpoint", t.file("run"), "--device", "cpu", "--json"},
+      kEnv);
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  EXPECT_EQ(j["puzzles"], 6);
+
+  // The first held-out maze, drawn in 9 rows.
+  std::ifstream test_csv(t.file("m/test.csv"));
+  std::string header, line;
+  std::getline(test_csv, header);
+  std::getline(test_csv, line);
+  const auto c1 = line.find(','), c2 = line.find(',', c1 + 1);
+  const std::string maze = line.substr(c1 + 1, c2 - c1 - 1);
+  const int steps = std::stoi(line.substr(line.rfind(',') + 1));
+  std::string drawn;
+  for (int row = 0; row < 9; ++row)
+    drawn += maze.substr(size_t(row) * 9, 9) + "\n";
+  t.write("drawn.txt", drawn);
+  const auto a = solve_json(t.file("run"), "--input", t.file("drawn.txt"));
+  EXPECT_EQ(a["puzzle"], maze);
+  EXPECT_EQ(a["shortest_path"], steps);
+  EXPECT_EQ(a["valid"].get<bool>(), a["problem"].get<std::string>().empty());
+
+  // Bad mazes and settings.
+  std::string two_starts = maze, walled = maze;
+  two_starts[two_starts.find('.')] = 'S';
+  const auto g = walled.find('G');
+  for (int64_t n :
+       {int64_t(g) - 9, int64_t(g) + 9, int64_t(g) - 1, int64_t(g) + 1})
+    if (n >= 0 && n < 81 && std::abs(n % 9 - int64_t(g) % 9) <= 1 &&
+        walled[size_t(n)] != 'S')
+      walled[size_t(n)] = '#';
+  expect_refused({
+      {{"solve", "--checkpoint", t.file("run"), "--puzzle", two_starts},
+       "2 S and 1 G"},
+      {{"solve", "--checkpoint", t.file("run"), "--puzzle", walled},
+       "no path leads from S to G"},
+      {{"solve", "--checkpoint", t.file("run"), "--puzzle", maze + "#"},
+       "82 cells where a maze of side 9 has 81"},
+      {{"data", "maze", "--augment", "8", "--out", t.file("x")},
+       "0 to 7 copies"},
+      {{"data", "maze", "--size", "4", "--out", t.file("x")}, "--size 4"},
+      {{"data",
+        "maze",
+        "--size",
+        "9",
+        "--min-path",
+        "500",
+        "--out",
+        t.file("x")},
+       "lower --min-path"},
+  });
+  auto plan = test::run_orchard(
+      {"plan",
+       "--preset",
+       "trm-maze",
+       "--assume-device",
+       "cuda",
+       "--memory-gb",
+       "80",
+       "data_dir=" + t.file("home")},
+      kEnv);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("Generating 1000 30x30 mazes"), std::string::npos)
+      << plan.out;
+  EXPECT_NE(
+      plan.out.find("attention, 2 layers x 512, H_cycles 3, L_cycles 4"),
+      std::string::npos)
+      << plan.out;
 }
 
 // The memory plan for the paper's model on simulated GPUs: the whole

@@ -20,11 +20,18 @@ const config::Schema& trm_schema() {
          .access = field(&C::data),
          .help = "a folder from `orchard data sudoku` (train.csv, test.csv), "
                  "a Sudoku-Extreme CSV or an ARC-style grid JSONL (every "
-                 "10th held out); \"\": generate Sudoku (generate.*)"});
+                 "10th held out), or `orchard data maze`'s folder; \"\": "
+                 "generate puzzles (generate.*)"});
+    s.add(
+        {.key = "generate.task",
+         .access = field(&C::generate_task),
+         .help = "data= empty: what to generate, sudoku or maze (one "
+                 "shortest path of 110+ steps at side 30)",
+         .choices = {"sudoku", "maze"}});
     s.add(
         {.key = "generate.size",
          .access = field(&C::generate_size),
-         .help = "data= empty: Sudoku of this side (4, 6 or 9)",
+         .help = "data= empty: the side (Sudoku 4, 6 or 9; mazes 5-60)",
          .choices = {}});
     s.add(
         {.key = "generate.count",
@@ -34,13 +41,14 @@ const config::Schema& trm_schema() {
     s.add(
         {.key = "generate.difficulty",
          .access = field(&C::generate_difficulty),
-         .help = "data= empty: auto (easy for 9x9, minimal for 4x4 and 6x6), "
-                 "easy, hard, extreme, minimal or any",
+         .help = "data= empty, Sudoku: auto (easy for 9x9, minimal for 4x4 "
+                 "and 6x6), easy, hard, extreme, minimal or any",
          .choices = {"auto", "easy", "hard", "extreme", "minimal", "any"}});
     s.add(
         {.key = "generate.augment",
          .access = field(&C::generate_augment),
-         .help = "data= empty: symmetric copies per training puzzle (0)",
+         .help = "data= empty: symmetric copies per training puzzle (0; "
+                 "mazes at most 7)",
          .min = 0});
 
     // The shared knobs, in upstream's spelling where it has one.

@@ -12,7 +12,8 @@
 //   running.
 // - The continue target (no_ACT_continue=false) runs an extra step of the
 //   network without gradients, as the paper describes.
-// - data= empty generates Sudoku (generate.*) instead of reading the hub.
+// - data= empty generates Sudoku or mazes (generate.*) instead of reading
+//   the hub.
 #pragma once
 
 #include "core/config.h"
@@ -40,7 +41,8 @@ struct TrmStageConfig : train::TrainingConfig {
   std::string stage = "trm";
   std::string data; // a folder (train.*, test.*) or a puzzle file
 
-  // When data= is empty: Sudoku generated once into data_dir.
+  // When data= is empty: puzzles generated once into data_dir.
+  std::string generate_task = "sudoku"; // sudoku | maze
   int64_t generate_size = 9;
   int64_t generate_count = 1000;
   std::string generate_difficulty = "auto";

@@ -31,45 +31,60 @@ using trm::TrmStageConfig;
 // AdamW's epsilon when optimizer=adamw (upstream's AdamW baseline).
 constexpr double kAdamWEpsilon = 1e-8;
 
-// The puzzles of a run: data=, or Sudoku generated once into data_dir.
+// The puzzles of a run: data=, or puzzles generated once into data_dir.
 data::PuzzleSplits load_data(const TrmStageConfig& cfg, std::string& path) {
   path = cfg.data;
-  if (path.empty()) {
-    if (cfg.generate_size != 4 && cfg.generate_size != 6 &&
-        cfg.generate_size != 9)
-      throw UserError(
-          "generate.size=" + std::to_string(cfg.generate_size) +
-          ": Orchard generates 4x4, 6x6 and 9x9 Sudoku.");
-    const std::string home =
-        cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir;
-    path = home + "/puzzles/sudoku" + std::to_string(cfg.generate_size) + "-" +
-        cfg.generate_difficulty + "-" + std::to_string(cfg.generate_count) +
-        "-aug" + std::to_string(cfg.generate_augment) + "-seed" +
-        std::to_string(cfg.seed);
-    if (!fs::exists(path + "/dataset.json")) {
-      std::printf(
-          "Generating %lld %lldx%lld Sudoku into %s ...\n",
-          (long long)cfg.generate_count,
-          (long long)cfg.generate_size,
-          (long long)cfg.generate_size,
-          path.c_str());
-      std::fflush(stdout);
-      data::SudokuDataOptions o;
-      o.count = cfg.generate_count;
-      o.n = int(cfg.generate_size);
-      o.out = path;
-      o.difficulty = cfg.generate_difficulty;
-      o.augment = cfg.generate_augment;
-      o.seed = cfg.seed;
-      const auto s = data::write_sudoku_dataset(o);
-      std::printf(
-          "  %lld train (%lld rows), %lld held out; %s\n",
-          (long long)s.train,
-          (long long)s.train_rows,
-          (long long)s.test,
-          s.difficulty_text.c_str());
-    }
+  if (!path.empty())
+    return data::load_puzzle_splits(path);
+  const bool maze = cfg.generate_task == "maze";
+  if (!maze && cfg.generate_size != 4 && cfg.generate_size != 6 &&
+      cfg.generate_size != 9)
+    throw UserError(
+        "generate.size=" + std::to_string(cfg.generate_size) +
+        ": Orchard generates 4x4, 6x6 and 9x9 Sudoku (mazes: "
+        "generate.task=maze).");
+  const std::string home =
+      cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir;
+  const std::string size = std::to_string(cfg.generate_size);
+  path = home + "/puzzles/" + cfg.generate_task + size + "-" +
+      (maze ? std::string("hard") : cfg.generate_difficulty) + "-" +
+      std::to_string(cfg.generate_count) + "-aug" +
+      std::to_string(cfg.generate_augment) + "-seed" + std::to_string(cfg.seed);
+  if (fs::exists(path + "/dataset.json"))
+    return data::load_puzzle_splits(path);
+  std::printf(
+      "Generating %lld %sx%s %s into %s ...\n",
+      (long long)cfg.generate_count,
+      size.c_str(),
+      size.c_str(),
+      maze ? "mazes" : "Sudoku",
+      path.c_str());
+  std::fflush(stdout);
+  auto common = [&](data::PuzzleDataOptions& o) {
+    o.count = cfg.generate_count;
+    o.out = path;
+    o.augment = cfg.generate_augment;
+    o.seed = cfg.seed;
+  };
+  data::PuzzleDataSummary s;
+  if (maze) {
+    data::MazeDataOptions o;
+    common(o);
+    o.side = int(cfg.generate_size);
+    s = data::write_maze_dataset(o);
+  } else {
+    data::SudokuDataOptions o;
+    common(o);
+    o.n = int(cfg.generate_size);
+    o.difficulty = cfg.generate_difficulty;
+    s = data::write_sudoku_dataset(o);
   }
+  std::printf(
+      "  %lld train (%lld rows), %lld held out; %s\n",
+      (long long)s.train,
+      (long long)s.train_rows,
+      (long long)s.test,
+      s.difficulty_text.c_str());
   return data::load_puzzle_splits(path);
 }
 
@@ -551,7 +566,7 @@ class TrmStage : public Stage {
           std::to_string(mc.halt_max_steps) + " supervision steps).");
       trainer.with_eval_weights([&] {
         const int64_t n = std::min<int64_t>(final_samples, data.test.size());
-        if (n <= 0 || data.test.kind != "sudoku")
+        if (n <= 0 || data.test.kind == "grid")
           return;
         const auto sols = trm::solve(
             model,
@@ -560,6 +575,23 @@ class TrmStage : public Stage {
             dev);
         const auto& s = data.test.shape;
         for (int64_t i = 0; i < n; ++i) {
+          if (data.test.kind == "maze") {
+            const int64_t cells = data.test.seq_len();
+            const int side = int(data.test.side);
+            const auto q = data::maze_from_tokens(
+                data.test.inputs[i].contiguous().data_ptr<int64_t>(), cells);
+            const auto a =
+                data::maze_from_tokens(sols[size_t(i)].tokens.data(), cells);
+            const auto problem = data::maze::answer_problem(side, q, a);
+            samples_out.push_back(
+                {"a held-out maze, shortest path " +
+                     std::to_string(data::maze::shortest_paths(side, q).steps) +
+                     " steps",
+                 "\n" + data::maze::pretty(side, a),
+                 (problem.empty() ? std::string("right") : problem) + ", " +
+                     std::to_string(sols[size_t(i)].steps) + " steps"});
+            continue;
+          }
           const auto q = data::sudoku_from_tokens(
               data.test.inputs[i].contiguous().data_ptr<int64_t>(), s.cells());
           const auto a = data::sudoku_from_tokens(
@@ -583,8 +615,8 @@ class TrmStage : public Stage {
 const Stage& trm_stage() {
   static const TrmStage stage(
       "trm",
-      "a tiny recursive model on puzzles (Sudoku, ARC-style grids): "
-      "data=DIR|FILE or generated Sudoku");
+      "a tiny recursive model on puzzles (Sudoku, mazes, ARC-style grids): "
+      "data=DIR|FILE or generated puzzles");
   return stage;
 }
 
