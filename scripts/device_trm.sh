@@ -8,9 +8,12 @@
 #   (bench/peers/trm_step.py) and `orchard train --preset trm-sudoku`.
 # PHASE=profile: orchard_bench_trm (the step alone) and the peers, each
 #   with a kernel summary of one traced step (NO_PEER=1: Orchard only).
+# PHASE=build: the build alone; a next call within the machine's idle
+#   time (30 s) finds it, and with SKIP_BUILD=1 uses it as it is.
 # PHASE=accuracy: `orchard train --preset trm-sudoku` on generated easy
-#   9x9 puzzles for MINUTES (default 9) with evaluations of 1,000 held-out
-#   puzzles along the way (the accuracy-against-time curve).
+#   9x9 puzzles for SECS seconds (default MINUTES * 60, MINUTES 9) with
+#   evaluations of 1,000 held-out puzzles along the way, EMA and raw
+#   weights (the accuracy-against-time curve).
 # PHASE=peer-accuracy: the PyTorch peer (torch.compile) given the same
 #   minutes and data.
 # At most 8 files come back: logs go to /tmp/trm-logs and come back as
@@ -23,11 +26,14 @@ trap 'tar czf "$RESULT/logs.tgz" -C "$OUT" .' EXIT
 export PYTHONUNBUFFERED=1
 status=0
 source scripts/device_debs.sh
-case "${PHASE:-bench}" in
+# SKIP_BUILD=1: use the build a previous call on this (still warm) machine
+# left, whatever the working tree holds now.
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :
+else case "${PHASE:-bench}" in
 bench) device_build orchard orchard_golden_tests orchard_unit_tests ;;
 profile) device_build orchard orchard_bench_trm orchard_bench_trm_trace ;;
 *) device_build orchard ;;
-esac
+esac; fi
 O=$PWD/build-cuda/orchard
 D9=/tmp/trm-easy9
 [ -f $D9/train.csv ] || $O data sudoku --size 9 --difficulty easy --count 10000 --augment 8 --seed 1 --out $D9 | head -1
@@ -49,6 +55,7 @@ print(json.dumps({"peer": "orchard", "steps": len(timed), "s_per_step": round(dt
 PY
 }
 case "${PHASE:-bench}" in
+build) ;;
 bench)
   python3 tests/reference/trm_reference.py tests/fixtures/trm_reference || status=1
   tar czf "$RESULT/trm_reference.tgz" -C tests/fixtures trm_reference
@@ -76,7 +83,7 @@ profile)
   ;;
 accuracy)
   R=/tmp/trm-acc-run; rm -rf $R
-  timeout -s INT $(( ${MINUTES:-9} * 60 )) $O train --preset trm-sudoku data=$D9 num_iterations=100000 \
+  timeout -s INT ${SECS:-$(( ${MINUTES:-9} * 60 ))} $O train --preset trm-sudoku data=$D9 num_iterations=100000 \
     lr_warmup_steps=${WARMUP:-500} lr=${LR:-1e-4} eval_every=${EVAL_EVERY:-1000} eval_size=1000 save_every=2000 \
     run_dir=$R > "$OUT/orchard_accuracy.log" 2>&1
   grep -E "^Batch|held-out" "$OUT/orchard_accuracy.log" | tail -20
