@@ -94,7 +94,7 @@ Command register_data(CLI::App& root) {
   chat->add_option(
       "--chat-template",
       *chat_family,
-      "llama3|chatml|mistral|orchard (default: the folder's own Jinja "
+      "llama3|chatml|mistral|orchard|plain (default: the folder's own Jinja "
       "template, else the family its special tokens name)");
   chat->add_option(
           "--max-length",

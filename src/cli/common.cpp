@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include "core/error.h"
+#include "stages/trm/recursion.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -137,9 +138,10 @@ void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
   app->add_option(
          "--chat-template",
          flags.chat_template,
-         "llama3|chatml|mistral|orchard: a built-in chat template instead of "
+         "llama3|chatml|mistral|orchard|plain: a built-in chat template instead of "
          "the model folder's own")
-      ->check(CLI::IsMember({"llama3", "chatml", "mistral", "orchard"}));
+      ->check(
+          CLI::IsMember({"llama3", "chatml", "mistral", "orchard", "plain"}));
 }
 
 void add_sampling_extra_flags(CLI::App* app, infer::SamplingOptions& opt) {
@@ -162,7 +164,12 @@ void add_sampling_extra_flags(CLI::App* app, infer::SamplingOptions& opt) {
 }
 
 runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& d) {
-  runs::LoadedModel loaded = runs::load_model(flags, d);
+  // A tiny recursive model trained on chat data decodes without a cache.
+  const bool trm = flags.model_dir.empty() &&
+      trm::is_trm_checkpoint(runs::model_path(flags));
+  runs::LoadedModel loaded = trm
+      ? trm::load_trm_chat(runs::model_path(flags), d.device)
+      : runs::load_model(flags, d);
   std::fprintf(status_stream(), "Model: %s\n", loaded.description.c_str());
   return loaded;
 }

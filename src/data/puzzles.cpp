@@ -4,6 +4,7 @@
 #include "core/files.h"
 #include "core/progress.h"
 #include "core/strings.h"
+#include "data/chat_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -286,6 +287,43 @@ PuzzleSet read_grid_jsonl(const std::string& path) {
   return p;
 }
 
+PuzzleSet read_chat_rows(const std::string& path) {
+  const ChatFile f = ChatFile::open(path);
+  if (f.size() == 0)
+    throw UserError(path + " holds no conversations.");
+  int64_t longest = 0, top = 0;
+  for (size_t i = 0; i < f.size(); ++i)
+    longest = std::max(longest, int64_t(f.length(i)) - 1);
+  if (longest < 1)
+    throw UserError(
+        path +
+        " holds conversations of one token; next-token training needs "
+        "two or more.");
+  const int64_t n = int64_t(f.size());
+  std::vector<int64_t> in(size_t(n * longest), 0),
+      out(size_t(n * longest), kIgnoreLabel), ids(size_t(n), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t* t = f.ids(size_t(i));
+    const uint8_t* m = f.mask(size_t(i));
+    for (int64_t k = 0; k + 1 < int64_t(f.length(size_t(i))); ++k) {
+      in[size_t(i * longest + k)] = t[k];
+      if (m[k + 1])
+        out[size_t(i * longest + k)] = t[k + 1];
+      top = std::max<int64_t>(top, t[k + 1]);
+    }
+    top = std::max<int64_t>(top, t[0]);
+  }
+  PuzzleSet p;
+  p.kind = "chat";
+  p.length = longest;
+  p.vocab = top + 1;
+  p.inputs = torch::tensor(in, torch::kLong).view({n, longest});
+  p.labels = torch::tensor(out, torch::kLong).view({n, longest});
+  p.puzzle_ids = torch::tensor(ids, torch::kLong);
+  p.source = path;
+  return p;
+}
+
 std::string with_count(const PuzzleSet& p, const char* what) {
   return p.source + " (" + std::to_string(p.size()) + " " + what + ")";
 }
@@ -343,17 +381,19 @@ PuzzleSet read_puzzles(const std::string& path) {
   }
   if (ext == ".jsonl" || ext == ".json")
     return read_grid_jsonl(path);
+  if (ext == ".chat")
+    return read_chat_rows(path);
   throw UserError(
       path +
-      ": puzzles are read from .csv (Sudoku-Extreme's layout) or "
-      ".jsonl (ARC-style grids) files.");
+      ": puzzles are read from .csv (Sudoku-Extreme's layout, mazes), "
+      ".jsonl (ARC-style grids) or .chat (`orchard data chat`) files.");
 }
 
 PuzzleSplits load_puzzle_splits(const std::string& path) {
   PuzzleSplits s;
   if (fs::is_directory(path)) {
     auto find = [&](const std::string& stem) {
-      for (const char* ext : {".csv", ".jsonl"})
+      for (const char* ext : {".csv", ".jsonl", ".chat"})
         if (fs::exists(fs::path(path) / (stem + ext)))
           return (fs::path(path) / (stem + ext)).string();
       throw UserError(
@@ -364,7 +404,18 @@ PuzzleSplits load_puzzle_splits(const std::string& path) {
     };
     s.train = read_puzzles(find("train"));
     s.test = read_puzzles(find("test"));
-    if (s.train.kind != s.test.kind || s.train.side != s.test.side)
+    if (s.train.kind == "chat" && s.test.kind == "chat") {
+      // Conversations of different lengths: both padded to the longer.
+      const int64_t l = std::max(s.train.length, s.test.length);
+      for (PuzzleSet* p : {&s.train, &s.test}) {
+        const int64_t more = l - p->length;
+        p->inputs = torch::constant_pad_nd(p->inputs, {0, more}, 0);
+        p->labels = torch::constant_pad_nd(p->labels, {0, more}, kIgnoreLabel);
+        p->length = l;
+      }
+      s.train.vocab = s.test.vocab = std::max(s.train.vocab, s.test.vocab);
+    }
+    if (s.train.kind != s.test.kind || s.train.seq_len() != s.test.seq_len())
       throw UserError(
           "data=" + path + ": train and test hold different puzzles (" +
           std::to_string(s.train.side) + " and " + std::to_string(s.test.side) +

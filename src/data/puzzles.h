@@ -17,6 +17,12 @@
 //   the file + 1): 0 padding, 1 the end-of-grid marker along the row and
 //   column past the grid, colour c as c + 2 (upstream's ARC tokens); every
 //   canvas cell of the output is supervised.
+// - Conversations, a .chat file from `orchard data chat`, for the chat
+//   variant (next-token prediction): row i's input is conversation i's ids
+//   but the last, its labels the ids one ahead where the loss mask says
+//   learn, kIgnoreLabel elsewhere; rows padded on the right (input 0,
+//   label ignored) to the longest. vocab is the largest id + 1 (the
+//   stage takes the tokenizer's).
 // `orchard data sudoku` writes a folder of train.csv, test.csv,
 // puzzles.csv (the puzzles before augmentation, `source` saying which
 // split) and dataset.json (how they were made and how hard they are).
@@ -35,9 +41,10 @@
 namespace orchard::data {
 
 struct PuzzleSet {
-  std::string kind;    // "sudoku" | "maze" | "grid"
+  std::string kind;    // "sudoku" | "maze" | "grid" | "chat"
   sudoku::Shape shape; // sudoku: the grid's shape
   int64_t side = 0;    // rows = columns of the token grid
+  int64_t length = 0;  // chat: tokens a row (no grid)
   int64_t vocab = 0;   // tokens 0 .. vocab-1
   int64_t num_puzzle_ids = 1;
   torch::Tensor inputs;     // [N, side*side] int64
@@ -49,14 +56,17 @@ struct PuzzleSet {
     return inputs.defined() ? inputs.size(0) : 0;
   }
   int64_t seq_len() const {
-    return side * side;
+    return length > 0 ? length : side * side;
   }
   // Rows [from, from + count) (views).
   PuzzleSet slice(int64_t from, int64_t count) const;
 };
 
-// Reads a CSV (Sudoku) or JSONL (grids) file; UserError with file:line for
-// a bad record.
+// Labels that no loss or accuracy counts (chat: prompts and padding).
+constexpr int64_t kIgnoreLabel = -100;
+
+// Reads a CSV (Sudoku, mazes), JSONL (grids) or .chat file; UserError with
+// file:line for a bad record.
 PuzzleSet read_puzzles(const std::string& path);
 
 struct PuzzleSplits {

@@ -12,9 +12,7 @@
 #include <filesystem>
 
 namespace orchard::infer {
-namespace {
-
-} // namespace
+namespace {} // namespace
 
 // A KV cache and the step that decodes over it, kept between calls so the
 // captured graphs are reused; grown (and the graphs recaptured) when a
@@ -25,7 +23,10 @@ struct Engine::Decoding {
   DecodeStep step;
   models::BatchKvCache cache;
   // A cache of at least `rows` x `capacity` like `prefilled`'s layers.
-  void ensure(const models::KvCache& prefilled, int64_t rows, int64_t capacity) {
+  void ensure(
+      const models::KvCache& prefilled,
+      int64_t rows,
+      int64_t capacity) {
     if (!cache.k.empty() && cache.rows() >= rows &&
         cache.k[0].size(2) >= capacity &&
         cache.k[0].scalar_type() == prefilled.k[0].scalar_type())
@@ -61,8 +62,7 @@ namespace {
 // Positions a cache must hold for `length` tokens, in whole buckets, at
 // most the model's limit.
 int64_t cache_capacity(int64_t length, int64_t max_len) {
-  return std::min(
-      max_len, (length + kKeyBucket - 1) / kKeyBucket * kKeyBucket);
+  return std::min(max_len, (length + kKeyBucket - 1) / kKeyBucket * kKeyBucket);
 }
 
 torch::Tensor id_tensor(
@@ -104,8 +104,7 @@ std::vector<int64_t> generate_without_cache(
   while (int64_t(out.size()) < opt.max_new_tokens &&
          int64_t(seq.size()) < max_len) {
     auto logits = model.forward(id_tensor(seq, 0, device));
-    int64_t next =
-        sample_token(logits[0][logits.size(1) - 1], opt, gen, seq);
+    int64_t next = sample_token(logits[0][logits.size(1) - 1], opt, gen, seq);
     seq.push_back(next);
     out.push_back(next);
     if ((on_token && !on_token(next)) || is_stop(opt, next))
@@ -125,8 +124,16 @@ std::vector<int64_t> Engine::generate(
   const int64_t max_len = model_->max_seq_len();
   check_prompt(prompt, max_len);
   torch::NoGradGuard no_grad;
-  if (!use_cache)
-    return generate_without_cache(*model_, device_, prompt, opt, on_token);
+  if (!use_cache || !model_->supports_kv_cache()) {
+    const double t0 = now_s();
+    auto out = generate_without_cache(*model_, device_, prompt, opt, on_token);
+    if (stats) {
+      stats->prompt_tokens = int64_t(prompt.size());
+      stats->new_tokens = int64_t(out.size());
+      stats->decode_seconds = now_s() - t0;
+    }
+    return out;
+  }
   const int64_t P = int64_t(prompt.size());
   const int64_t most = std::min(opt.max_new_tokens, max_len - P);
   Sampler sampler(device_);
@@ -190,6 +197,11 @@ BatchGeneration Engine::generate_batch(
   const int64_t max_len = model_->max_seq_len();
   if (prompts.empty() || samples < 1)
     throw UserError("generate_batch needs at least one prompt and sample.");
+  if (!model_->supports_kv_cache())
+    throw UserError(
+        "this model (a tiny recursive model) decodes one sequence at a time "
+        "by running it whole for every token; batched generation (orchard "
+        "serve, GRPO rollouts) needs a model with a cache.");
   int64_t longest = 0, prompt_tokens = 0;
   for (const auto& p : prompts) {
     check_prompt(p, max_len);
@@ -244,7 +256,8 @@ BatchGeneration Engine::generate_batch(
     for (int64_t r = 0; r < R; ++r) {
       auto& k = read[size_t(r)];
       for (; !done[size_t(r)] && k < got.size(1); ++k)
-        if (k + 1 >= limit[size_t(r)] || is_stop(opt, got[r][k].item<int64_t>()))
+        if (k + 1 >= limit[size_t(r)] ||
+            is_stop(opt, got[r][k].item<int64_t>()))
           done[size_t(r)] = 1;
       all = all && done[size_t(r)];
     }

@@ -75,6 +75,12 @@ class LanguageModel : public torch::nn::Module {
   virtual int64_t prepare_inference() {
     return 0;
   }
+  // False for a model that decodes by running the whole sequence again
+  // for every token (a tiny recursive model): forward() and loss() only,
+  // never a cache or decode_batch().
+  virtual bool supports_kv_cache() const {
+    return true;
+  }
   // The longest sequence generation may build (prompt + new tokens).
   virtual int64_t max_seq_len() const = 0;
   virtual int64_t vocab_size() const = 0;

@@ -11,7 +11,9 @@
 namespace orchard::text {
 namespace {
 
-const char* const kFamilies = "llama3|chatml|mistral|orchard";
+const char* const kFamilies = "llama3|chatml|mistral|orchard|plain";
+// The plain family's end of a turn.
+const char* const kEndOfText = "<|endoftext|>";
 
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t\r\n");
@@ -94,6 +96,8 @@ ChatFamily parse_chat_family(const std::string& name) {
     return ChatFamily::ChatML;
   if (name == "mistral")
     return ChatFamily::Mistral;
+  if (name == "plain")
+    return ChatFamily::Plain;
   throw UserError(
       "chat_template='" + name + "' is not a template family; use one of " +
       kFamilies + ".");
@@ -109,6 +113,8 @@ std::string chat_family_name(ChatFamily f) {
       return "chatml";
     case ChatFamily::Mistral:
       return "mistral";
+    case ChatFamily::Plain:
+      return "plain";
   }
   return "?";
 }
@@ -168,6 +174,8 @@ ChatFamily detect_chat_family(const std::string& dir, const Tokenizer& tok) {
     return ChatFamily::ChatML;
   if (tok.special_id("[INST]"))
     return ChatFamily::Mistral;
+  if (tok.special_id(kEndOfText))
+    return ChatFamily::Plain;
   throw UserError(
       "cannot tell the chat template of tokenizer '" + dir +
       "' (no tokenizer_config.json chat_template, no known chat tokens); "
@@ -199,6 +207,9 @@ ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer& tok)
       break;
     case ChatFamily::Mistral:
       needed = {"<s>", "</s>"};
+      break;
+    case ChatFamily::Plain:
+      needed = {kEndOfText};
       break;
   }
   for (const auto& s : needed)
@@ -335,6 +346,21 @@ Rendered ChatTemplate::render(const std::vector<Message>& messages) const {
       }
       break;
     }
+    case ChatFamily::Plain: {
+      for (const auto& m : messages) {
+        const bool assistant = m.role == "assistant";
+        b.text(
+            assistant              ? "Assistant: "
+                : m.role == "user" ? "User: "
+                                   : "System: ",
+            0);
+        b.text(m.content, assistant);
+        if (assistant)
+          b.token(special(kEndOfText), 1);
+        b.text("\n", 0);
+      }
+      break;
+    }
   }
   return b.done();
 }
@@ -364,6 +390,9 @@ std::vector<TokenId> ChatTemplate::generation_prompt(
       break;
     case ChatFamily::Mistral:
       break; // the prompt ends with [/INST]
+    case ChatFamily::Plain:
+      b.text("Assistant: ", 0);
+      break;
   }
   return b.done().ids;
 }
@@ -384,6 +413,9 @@ std::vector<TokenId> ChatTemplate::stop_tokens() const {
       break;
     case ChatFamily::Mistral:
       names = {"</s>"};
+      break;
+    case ChatFamily::Plain:
+      names = {kEndOfText};
       break;
   }
   std::vector<TokenId> out;

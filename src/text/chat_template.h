@@ -16,6 +16,8 @@
 //   chatml
 //   <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n
 //   mistral  <s>[INST] hi [/INST]yo</s>
+//   plain    User: hi\nAssistant: yo<|endoftext|>\n
+//            (tokenizers whose only special token ends a text: GPT-2's)
 #pragma once
 
 #include "text/conversation.h"
@@ -29,17 +31,19 @@
 
 namespace orchard::text {
 
-enum class ChatFamily { Orchard, Llama3, ChatML, Mistral };
+enum class ChatFamily { Orchard, Llama3, ChatML, Mistral, Plain };
 
 class ModelTemplate;
 
-// "orchard", "llama3", "chatml", "mistral" (the chat_template= values).
+// "orchard", "llama3", "chatml", "mistral", "plain" (the chat_template=
+// values).
 ChatFamily parse_chat_family(const std::string& name);
 std::string chat_family_name(ChatFamily f);
 
 // The built-in family of a tokenizer folder: the one tokenizer_config.json's
-// chat_template spells, else the one its special tokens name. UserError
-// naming the families and the chat_template= key when neither tells.
+// chat_template spells, else the one its special tokens name (plain when
+// the only one is <|endoftext|>). UserError naming the families and the
+// chat_template= key when neither tells.
 ChatFamily detect_chat_family(
     const std::string& tokenizer_dir,
     const Tokenizer& tok);

@@ -17,7 +17,7 @@ namespace {
 const char* const kSubset =
     "; Orchard renders a subset of Jinja (if, for, set, filters and tests "
     "chat templates use). Pick a built-in template with chat_template="
-    "llama3|chatml|mistral|orchard, or simplify the template.";
+    "llama3|chatml|mistral|orchard|plain, or simplify the template.";
 
 // ---- source -> text and tag pieces ----------------------------------------
 

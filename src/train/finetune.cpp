@@ -62,7 +62,8 @@ const config::Schema& finetune_schema() {
          .access = field(&C::chat_template),
          .help = "how conversations are rendered: auto (the model folder's "
                  "own Jinja template) or a built-in family",
-         .choices = {"auto", "llama3", "chatml", "mistral", "orchard"}});
+         .choices = {
+             "auto", "llama3", "chatml", "mistral", "orchard", "plain"}});
     s.add(
         {.key = "lora.r",
          .access = field(&C::lora_r),

@@ -379,6 +379,159 @@ TEST(TrmCli, MazesTrainSolveAndEvaluate) {
       << plan.out;
 }
 
+// The chat variant end to end: conversations tokenized by `orchard data
+// chat` (a small BPE tokenizer trained on them), a causal TRM trained on
+// them, and `orchard chat` answering from it, every token from a fresh
+// carry and all supervision steps. 16 facts, each seen 8 times: the model
+// must answer them back (measured: 16 of 16 after 500 steps, 30 s on one
+// thread). Then what it refuses.
+TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
+  TempDir t;
+  const std::vector<std::string> colours = {
+      "red", "blue", "green", "yellow", "black", "white", "pink", "brown"};
+  const std::vector<std::string> things = {
+      "apple",
+      "sky",
+      "grass",
+      "sun",
+      "coal",
+      "snow",
+      "rose",
+      "bread",
+      "lemon",
+      "cloud",
+      "leaf",
+      "milk",
+      "ink",
+      "sand",
+      "lime",
+      "plum"};
+  std::string jsonl, text, questions;
+  for (size_t i = 0; i < things.size(); ++i) {
+    const std::string q = "What colour is the " + things[i] + "?";
+    const std::string a =
+        "The " + things[i] + " is " + colours[i % colours.size()] + ".";
+    for (int k = 0; k < 8; ++k)
+      jsonl += nlohmann::json{{"messages",
+                               {{{"role", "user"}, {"content", q}},
+                                {{"role", "assistant"}, {"content", a}}}}}
+                   .dump() +
+          "\n";
+    text += q + " " + a + "\n";
+    questions += (i ? "/clear\n" : "") + q + "\n";
+  }
+  t.write("c.jsonl", jsonl);
+  t.write("text.txt", text);
+  auto tok = test::run_orchard(
+      {"tokenizer",
+       "train",
+       "--input",
+       t.file("text.txt"),
+       "--vocab-size",
+       "300",
+       "--out",
+       t.file("tok")},
+      kEnv);
+  ASSERT_EQ(tok.exit_code, 0) << tok.err;
+  auto d = test::run_orchard(
+      {"data",
+       "chat",
+       "--input",
+       t.file("c.jsonl"),
+       "--tokenizer",
+       t.file("tok"),
+       "--out",
+       t.file("d")},
+      kEnv);
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const std::vector<std::string> settings = {
+      "train",
+      "stage=trm",
+      "--device",
+      "cpu",
+      "data=" + t.file("d/c.chat"),
+      "tokenizer=" + t.file("tok"),
+      "arch.hidden_size=64",
+      "arch.num_heads=2",
+      "arch.L_layers=2",
+      "arch.H_cycles=2",
+      "arch.L_cycles=2",
+      "arch.halt_max_steps=2",
+      "arch.puzzle_emb_ndim=0",
+      "arch.expansion=2",
+      "global_batch_size=32",
+      "lr=2e-3",
+      "lr_warmup_steps=20",
+      "ema=true",
+      "ema_rate=0.99",
+      "eval_size=20"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = settings;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  auto r = test::run_orchard(
+      with(
+          {"num_iterations=500", "save_every=500", "run_dir=" + t.file("run")}),
+      kEnv);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Chat: "), std::string::npos) << r.out;
+
+  auto c = test::run_orchard(
+      {"chat",
+       "--checkpoint",
+       t.file("run"),
+       "--device",
+       "cpu",
+       "--temperature",
+       "0"},
+      kEnv,
+      "",
+      questions);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  int right = 0;
+  for (size_t i = 0; i < things.size(); ++i)
+    right += c.out.find(
+                 "The " + things[i] + " is " + colours[i % colours.size()] +
+                 ".") != std::string::npos;
+  EXPECT_GE(right, 14) << c.out;
+  auto g = test::run_orchard(
+      {"generate",
+       "--checkpoint",
+       t.file("run"),
+       "--device",
+       "cpu",
+       "--prompt",
+       "What colour",
+       "--max-new-tokens",
+       "5"},
+      kEnv);
+  EXPECT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE((g.out + g.err).find("a tiny recursive model"), std::string::npos)
+      << g.out << g.err;
+
+  make_data(t.file("s4"), 40);
+  ASSERT_EQ(
+      train_quick(t.file("s4"), t.file("sudoku"), {"num_iterations=1"})
+          .exit_code,
+      0);
+  expect_refused({
+      {with({"arch.mlp_t=true", "run_dir=" + t.file("x")}), "causal"},
+      {{"train", "stage=trm", "data=" + t.file("d/c.chat")},
+       "give tokenizer=DIR"},
+      {{"train",
+        "--preset",
+        "trm-sudoku-quick",
+        "data=" + t.file("s4"),
+        "tokenizer=" + t.file("tok")},
+       "tokenizer= is for chat data"},
+      {{"chat", "--checkpoint", t.file("sudoku"), "-p", "hi"},
+       "trained on puzzles"},
+      {{"solve", "--checkpoint", t.file("run"), "--puzzle", "1..."},
+       "not Sudoku or mazes"},
+  });
+}
+
 // The memory plan for the paper's model on simulated GPUs: the whole
 // global batch where it fits, the largest divisor of it that fits where
 // it does not, and a refusal with the fix where nothing does.

@@ -38,7 +38,8 @@ const Tokenizer& chat_tokenizer() {
           "<s>",
           "</s>",
           "[INST]",
-          "[/INST]"})
+          "[/INST]",
+          "<|endoftext|>"})
       special[s] = id++;
     return Tokenizer(base.entries(), special, base.pattern(), "test");
   }();
@@ -119,7 +120,13 @@ INSTANTIATE_TEST_SUITE_P(
             ChatFamily::Mistral,
             "<s>[INST] Be brief.\n\nHi <|assistant_start|> there [/INST]Hello!"
             "</s>[INST] Bye [/INST]See you.</s>",
-            "Hello!</s>|See you.</s>"}));
+            "Hello!</s>|See you.</s>"},
+        Case{
+            ChatFamily::Plain,
+            "System: Be brief.\nUser: Hi <|assistant_start|> there\n"
+            "Assistant: Hello!<|endoftext|>\nUser: Bye\nAssistant: See "
+            "you.<|endoftext|>\n",
+            "Hello!<|endoftext|>|See you.<|endoftext|>"}));
 
 TEST(ChatTemplate, Errors) {
   const Tokenizer& tok = chat_tokenizer();
@@ -136,6 +143,17 @@ TEST(ChatTemplate, Errors) {
         std::string(e.what()).find("<|begin_of_text|>"), std::string::npos);
   }
   EXPECT_EQ(parse_chat_family("chatml"), ChatFamily::ChatML);
+  // GPT-2's only special token ends a text: the plain family, which
+  // replies after "Assistant: " and stops at it.
+  EXPECT_EQ(
+      detect_chat_family(
+          std::string(ORCHARD_FIXTURES) + "/tokenizers/gpt2", plain),
+      ChatFamily::Plain);
+  ChatTemplate p(ChatFamily::Plain, plain);
+  EXPECT_EQ(
+      plain.decode(p.generation_prompt({{"user", "Hi"}})),
+      "User: Hi\nAssistant: ");
+  EXPECT_EQ(p.stop_tokens(), std::vector<TokenId>{50256});
   try {
     parse_chat_family("alpaca");
     FAIL();

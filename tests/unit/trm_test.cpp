@@ -7,6 +7,7 @@
 #include "core/torch_compat.h"
 #include "data/puzzles.h"
 #include "data/sudoku.h"
+#include "models/trm_language_model.h"
 #include "ops/stablemax.h"
 #include "train/optimizer.h"
 
@@ -245,3 +246,52 @@ TEST(Trm, BadPuzzleFilesNameTheLine) {
         << e.what();
   }
 }
+
+namespace orchard {
+namespace {
+
+// A causal TRM (the chat variant) as generation sees it: every call starts
+// from a fresh carry and runs every supervision step, so position t's
+// distribution depends on tokens 0..t alone (changing later tokens, or
+// cutting them off, changes nothing before them) and on nothing left from
+// an earlier call. The same model without causal attention fails the
+// first check, so the check can fail.
+TEST(Trm, TheChatVariantSeesNoLaterTokenAndKeepsNoState) {
+  models::TrmConfig c;
+  c.seq_len = 12;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.num_heads = 2;
+  c.H_cycles = 2;
+  c.L_cycles = 2;
+  c.halt_max_steps = 3;
+  c.puzzle_emb_ndim = 32;
+  c.puzzle_emb_len = 2;
+  c.causal = true;
+  torch::manual_seed(3);
+  models::TrmLanguageModel lm{models::Trm(c)};
+  lm.eval();
+  torch::NoGradGuard no_grad;
+  const auto idx = torch::randint(1, 40, {2, 10}, torch::kLong);
+  auto changed = idx.clone();
+  changed.narrow(1, 6, 4).fill_(7);
+  const auto a = lm.forward(idx), b = lm.forward(changed);
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{2, 10, 40}));
+  EXPECT_TRUE(torch::allclose(a.narrow(1, 0, 6), b.narrow(1, 0, 6)));
+  EXPECT_FALSE(torch::allclose(a.narrow(1, 6, 4), b.narrow(1, 6, 4)));
+  EXPECT_TRUE(
+      torch::allclose(lm.forward(idx.narrow(1, 0, 6)), a.narrow(1, 0, 6)));
+  EXPECT_TRUE(torch::equal(lm.forward(idx), a)); // nothing kept between calls
+  // Its outputs are stable-max log-probabilities: they sum to 1.
+  EXPECT_TRUE(
+      torch::allclose(a.exp().sum(-1), torch::ones({2, 10}), 1e-4, 1e-4));
+
+  // The same weights attending to every position: later tokens leak.
+  for (const auto& m : lm.trm->L_level->children())
+    m->as<models::TrmBlockImpl>()->self_attn->causal = false;
+  EXPECT_FALSE(torch::allclose(
+      lm.forward(idx).narrow(1, 0, 6), lm.forward(changed).narrow(1, 0, 6)));
+}
+
+} // namespace
+} // namespace orchard

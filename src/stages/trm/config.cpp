@@ -23,6 +23,17 @@ const config::Schema& trm_schema() {
                  "10th held out), or `orchard data maze`'s folder; \"\": "
                  "generate puzzles (generate.*)"});
     s.add(
+        {.key = "tokenizer",
+         .access = field(&C::tokenizer),
+         .help =
+             "chat data (.chat): the tokenizer folder `orchard data chat "
+             "--tokenizer` used (GPT-2's: tests/fixtures/tokenizers/gpt2)"});
+    s.add(
+        {.key = "chat_template",
+         .access = field(&C::chat_template),
+         .help = "chat data: the template family it was rendered with, as "
+                 "--chat-template (\"\": the tokenizer folder's own)"});
+    s.add(
         {.key = "generate.task",
          .access = field(&C::generate_task),
          .help = "data= empty: what to generate, sudoku or maze (one "

@@ -40,6 +40,9 @@ struct TrmStageConfig : train::TrainingConfig {
   }
   std::string stage = "trm";
   std::string data; // a folder (train.*, test.*) or a puzzle file
+  // Chat data (.chat): the tokenizer it was made with, and the template
+  // family (as `orchard data chat --chat-template`; "": the folder's own).
+  std::string tokenizer, chat_template;
 
   // When data= is empty: puzzles generated once into data_dir.
   std::string generate_task = "sudoku"; // sudoku | maze

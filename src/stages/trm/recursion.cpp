@@ -1,6 +1,7 @@
 #include "stages/trm/recursion.h"
 
 #include "core/error.h"
+#include "models/trm_language_model.h"
 #include "ops/stablemax.h"
 #include "runs/load.h"
 
@@ -15,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace F = torch::nn::functional;
 
-constexpr int64_t kIgnoreLabel = -100;
+using data::kIgnoreLabel;
 // The halting losses' weight against the cells' (upstream's 0.5).
 constexpr double kQLossWeight = 0.5;
 
@@ -359,6 +360,33 @@ TrainedTrm load_trm(const std::string& path, torch::Device device) {
   out.state = ckpt->state;
   out.checkpoint_dir = ckpt->dir;
   out.data = ckpt->state.value("data", "");
+  return out;
+}
+
+runs::LoadedModel load_trm_chat(const std::string& path, torch::Device device) {
+  TrainedTrm t = load_trm(path, device);
+  const std::string tokenizer = t.state.value("tokenizer_dir", "");
+  if (!t.model->config.causal || tokenizer.empty())
+    throw UserError(
+        t.checkpoint_dir +
+        " is a tiny recursive model trained on puzzles, not conversations: "
+        "`orchard solve --checkpoint` and `orchard eval --checkpoint` use "
+        "it.");
+  if (!fs::exists(tokenizer))
+    throw UserError(
+        "the tokenizer " + t.checkpoint_dir + " was trained with, " +
+        tokenizer + ", is gone; put it back there.");
+  auto lm = std::make_shared<models::TrmLanguageModel>(t.model);
+  runs::LoadedModel out =
+      runs::loaded_from(lm, tokenizer, t.state.value("chat_template", ""));
+  out.checkpoint_dir = t.checkpoint_dir;
+  out.step = t.state.value("step", int64_t(0));
+  out.description = t.checkpoint_dir + " (a tiny recursive model, " +
+      (t.ema ? "EMA" : "raw") + " weights, " +
+      std::to_string(t.model->config.halt_max_steps) +
+      " supervision steps a token, up to " +
+      std::to_string(t.model->config.seq_len) + " tokens)";
+  out.name = fs::path(t.checkpoint_dir).lexically_normal().string();
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "data/puzzles.h"
 #include "models/trm.h"
 #include "runs/checkpoint.h"
+#include "runs/load.h"
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -142,6 +143,10 @@ TrainedTrm load_trm(const std::string& path, torch::Device device);
 // Whether `path` is a stage=trm run or checkpoint folder (for commands that
 // take any model).
 bool is_trm_checkpoint(const std::string& path);
+// A TRM trained on conversations, for `orchard generate` and `orchard
+// chat` (models/trm_language_model.h) with the tokenizer and template its
+// data was made with; UserError for one trained on puzzles.
+runs::LoadedModel load_trm_chat(const std::string& path, torch::Device device);
 
 // One answer: the cells after the step where the Q-head first says halt
 // (or halt_max_steps), and that step.

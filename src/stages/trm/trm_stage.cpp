@@ -9,10 +9,13 @@
 #include "core/files.h"
 #include "core/progress.h"
 #include "core/version.h"
+#include "models/trm_language_model.h"
 #include "runs/run_folder.h"
 #include "stages/samples.h"
 #include "stages/trm/config.h"
 #include "stages/trm/recursion.h"
+#include "text/chat_template.h"
+#include "text/tokenizer_io.h"
 #include "train/memory_plan.h"
 #include "train/report.h"
 #include "train/trainer.h"
@@ -88,12 +91,108 @@ data::PuzzleSplits load_data(const TrmStageConfig& cfg, std::string& path) {
   return data::load_puzzle_splits(path);
 }
 
+// Chat data's tokenizer (its vocabulary sizes the model) and template,
+// checked against the data; nullopt for puzzles.
+struct ChatSide {
+  std::string tokenizer_dir, template_name;
+  int64_t vocab = 0;
+};
+std::optional<ChatSide> chat_side(
+    const TrmStageConfig& cfg,
+    const data::PuzzleSplits& d) {
+  if (d.train.kind != "chat") {
+    if (!cfg.tokenizer.empty())
+      throw UserError(
+          "tokenizer= is for chat data (.chat files); data=" + cfg.data +
+          " holds " + d.train.kind + " puzzles. Drop tokenizer=.");
+    return std::nullopt;
+  }
+  if (cfg.tokenizer.empty())
+    throw UserError(
+        "data=" + cfg.data +
+        " holds conversations as token ids: give tokenizer=DIR, the "
+        "folder `orchard data chat --tokenizer` read (GPT-2's: "
+        "tests/fixtures/tokenizers/gpt2).");
+  const text::Tokenizer tok = text::load_tokenizer(cfg.tokenizer);
+  const text::ChatTemplate tmpl =
+      text::open_chat_template(cfg.tokenizer, tok, cfg.chat_template);
+  ChatSide c;
+  c.tokenizer_dir = fs::absolute(cfg.tokenizer).string();
+  c.template_name = cfg.chat_template;
+  c.vocab = int64_t(tok.vocab_size());
+  if (d.train.vocab > c.vocab)
+    throw UserError(
+        "data=" + cfg.data + " holds token id " +
+        std::to_string(d.train.vocab - 1) + ", beyond the " +
+        std::to_string(c.vocab) + " of tokenizer=" + cfg.tokenizer +
+        ": another tokenizer made it. Give that one, or rebuild the data "
+        "with `orchard data chat --tokenizer " +
+        cfg.tokenizer + "`.");
+  (void)tmpl; // rendering is checked: generation renders with it
+  return c;
+}
+
+// Greedy replies of a chat model to the first `n` held-out conversations
+// (their text up to the first trained token), beside the true replies.
+std::vector<train::Sample> chat_samples(
+    models::Trm& model,
+    const ChatSide& chat,
+    const data::PuzzleSet& test,
+    int64_t n,
+    torch::Device device) {
+  constexpr int64_t kMaxReply = 48; // tokens
+  const text::Tokenizer tok = text::load_tokenizer(chat.tokenizer_dir);
+  const text::ChatTemplate tmpl =
+      text::open_chat_template(chat.tokenizer_dir, tok, chat.template_name);
+  const auto stops = tmpl.stop_tokens();
+  models::TrmLanguageModel lm(model);
+  torch::NoGradGuard no_grad;
+  std::vector<train::Sample> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto in = test.inputs[i].contiguous(),
+               labels = test.labels[i].contiguous();
+    const int64_t* ids = in.data_ptr<int64_t>();
+    const int64_t* lab = labels.data_ptr<int64_t>();
+    int64_t start = 0; // the first trained token is predicted here
+    while (start < test.length && lab[start] == data::kIgnoreLabel)
+      ++start;
+    if (start == test.length)
+      continue;
+    std::vector<int64_t> seq(ids, ids + start + 1);
+    std::vector<text::TokenId> reply, truth;
+    for (int64_t k = start; k < test.length && lab[k] != data::kIgnoreLabel;
+         ++k)
+      truth.push_back(text::TokenId(lab[k]));
+    while (int64_t(reply.size()) < kMaxReply &&
+           int64_t(seq.size()) <= model->config.seq_len) {
+      const auto logits =
+          lm.forward(torch::tensor(seq, torch::kLong).view({1, -1}).to(device));
+      const int64_t next = logits[0][-1].argmax().item<int64_t>();
+      if (std::find(stops.begin(), stops.end(), next) != stops.end())
+        break;
+      reply.push_back(text::TokenId(next));
+      seq.push_back(next);
+      if (int64_t(seq.size()) == model->config.seq_len + 1)
+        break;
+    }
+    if (!truth.empty() &&
+        std::find(stops.begin(), stops.end(), truth.back()) != stops.end())
+      truth.pop_back();
+    std::vector<text::TokenId> prompt(ids, ids + start + 1);
+    out.push_back({tok.decode(prompt), tok.decode(reply), tok.decode(truth)});
+  }
+  return out;
+}
+
 models::TrmConfig model_config(
     const TrmStageConfig& cfg,
-    const data::PuzzleSet& train) {
+    const data::PuzzleSet& train,
+    const std::optional<ChatSide>& chat = std::nullopt) {
   models::TrmConfig c = cfg.arch;
   c.seq_len = train.seq_len();
-  c.vocab_size = train.vocab;
+  c.vocab_size = chat ? chat->vocab : train.vocab;
+  // Conversations train next-token prediction: attention is causal.
+  c.causal = train.kind == "chat";
   c.num_puzzle_identifiers = train.num_puzzle_ids;
   c.puzzle_emb_ndim = cfg.puzzle_emb_ndim.value_or(c.hidden_size);
   c.validate();
@@ -282,9 +381,10 @@ class TrmStage : public Stage {
     report.result = run(cfg, settings.origins, device, final_samples, samples);
     return finish_stage(std::move(report), device, [&](Report& rep) {
       rep.samples = samples;
-      rep.sample_note =
-          "held-out puzzles, the model's answer and how many supervision "
-          "steps it took";
+      rep.sample_note = cfg.tokenizer.empty()
+          ? "held-out puzzles, the model's answer and how many supervision "
+            "steps it took"
+          : "held-out conversations and the model's greedy reply";
     });
   }
 
@@ -292,7 +392,8 @@ class TrmStage : public Stage {
     const TrmStageConfig& cfg = section<TrmStageConfig>(settings);
     std::string path;
     const data::PuzzleSplits data = load_data(cfg, path);
-    const models::TrmConfig c = model_config(cfg, data.train);
+    const models::TrmConfig c =
+        model_config(cfg, data.train, chat_side(cfg, data));
     const train::Precision precision =
         train::resolve_precision(cfg.dtype, device);
     const MicroPlan p = plan_micro(cfg, c, device, precision);
@@ -333,11 +434,16 @@ class TrmStage : public Stage {
     return out;
   }
 
-  std::string next_steps(const Settings&, const Report& report) const override {
+  std::string next_steps(const Settings& settings, const Report& report)
+      const override {
     const train::TrainResult& r = report.result;
     if (r.interrupted)
       return "Stopped; the same command resumes from the checkpoint.\n";
     const std::string& orchard = program_name();
+    if (section<TrmStageConfig>(settings).tokenizer.size())
+      return "\nChat: " + orchard + " chat --checkpoint " + r.run_dir +
+          "\nGenerate: " + orchard + " generate --checkpoint " + r.run_dir +
+          " --prompt \"...\"\n";
     return "\nSolve a puzzle: " + orchard + " solve --checkpoint " + r.run_dir +
         " --puzzle \"...\"\nEvaluate: " + orchard + " eval --checkpoint " +
         r.run_dir + "\n";
@@ -354,7 +460,8 @@ class TrmStage : public Stage {
     const torch::Device dev = device.device;
     std::string data_path;
     const data::PuzzleSplits data = load_data(cfg, data_path);
-    models::TrmConfig mc = model_config(cfg, data.train);
+    const std::optional<ChatSide> chat = chat_side(cfg, data);
+    models::TrmConfig mc = model_config(cfg, data.train, chat);
     const Precision precision = resolve_precision(cfg.dtype, device);
     const MicroPlan plan = plan_micro(cfg, mc, device, precision);
     if (cfg.device_batch_size && killed_when_out_of_memory(device))
@@ -491,6 +598,10 @@ class TrmStage : public Stage {
          {{"kind", data.train.kind},
           {"side", data.train.side},
           {"size", data.train.shape.n}}}};
+    if (chat) {
+      task.describe["tokenizer_dir"] = chat->tokenizer_dir;
+      task.describe["chat_template"] = chat->template_name;
+    }
 
     int64_t eval_every = cfg.eval_every;
     if (cfg.eval_interval && *cfg.eval_interval > 0)
@@ -566,8 +677,12 @@ class TrmStage : public Stage {
           std::to_string(mc.halt_max_steps) + " supervision steps).");
       trainer.with_eval_weights([&] {
         const int64_t n = std::min<int64_t>(final_samples, data.test.size());
-        if (n <= 0 || data.test.kind == "grid")
+        if (n > 0 && chat) {
+          samples_out = chat_samples(model, *chat, data.test, n, dev);
           return;
+        }
+        if (n <= 0 || (data.test.kind != "sudoku" && data.test.kind != "maze"))
+          return; // grids have no text form
         const auto sols = trm::solve(
             model,
             data.test.inputs.narrow(0, 0, n),
