@@ -15,7 +15,8 @@
 #   evaluations of 1,000 held-out puzzles along the way, EMA and raw
 #   weights (the accuracy-against-time curve).
 # PHASE=peer-accuracy: the PyTorch peer (torch.compile) given the same
-#   minutes and data.
+#   minutes (MINUTES), data, lr and warmup; raw and EMA weights evaluated
+#   at the end.
 # At most 8 files come back: logs go to /tmp/trm-logs and come back as
 # $OUT/logs.tgz; the fixtures as $OUT/trm_reference.tgz.
 set -uo pipefail
@@ -35,8 +36,11 @@ profile) device_build orchard orchard_bench_trm orchard_bench_trm_trace ;;
 *) device_build orchard ;;
 esac; fi
 O=$PWD/build-cuda/orchard
-D9=/tmp/trm-easy9
-[ -f $D9/train.csv ] || $O data sudoku --size 9 --difficulty easy --count 10000 --augment 8 --seed 1 --out $D9 | head -1
+# DIFFICULTY=hard: the accuracy phases on hard puzzles (<= 25 givens, not
+# solved by singles) instead of easy ones.
+DIFF=${DIFFICULTY:-easy}
+D9=/tmp/trm-${DIFF}9
+[ -f $D9/train.csv ] || $O data sudoku --size 9 --difficulty $DIFF --count 10000 --augment 8 --seed 1 --out $D9 | head -1
 # `orchard train --preset trm-sudoku` for STEPS steps: s/step from
 # metrics.jsonl after 15 warm-up steps.
 train_bench() {
@@ -90,7 +94,7 @@ accuracy)
   cp $R/metrics.jsonl "$RESULT/accuracy_metrics.jsonl"
   ;;
 peer-accuracy)
-  python3 bench/peers/trm_step.py --data $D9 --compile --minutes ${MINUTES:-9} --lr ${LR:-1e-4} \
+  python3 bench/peers/trm_step.py --data $D9 --compile --minutes ${MINUTES:-9} --lr ${LR:-1e-4} --lr-warmup ${WARMUP:-500} \
     > "$OUT/peer_accuracy.log" 2>&1 || { status=1; tail -20 "$OUT/peer_accuracy.log"; }
   grep '^{"peer"' "$OUT/peer_accuracy.log"
   ;;

@@ -263,6 +263,11 @@ Command register_solve(CLI::App& root) {
         trm::TrainedTrm t = trm::load_trm(st->checkpoint, d.device);
         const std::string kind =
             t.state.value("puzzles", nlohmann::json()).value("kind", "");
+        if (kind == "chat")
+          throw UserError(
+              t.checkpoint_dir +
+              " was trained on conversations, not puzzles: `orchard chat "
+              "--checkpoint` and `orchard generate --checkpoint` use it.");
         if (kind != "sudoku" && kind != "maze")
           throw UserError(
               t.checkpoint_dir + " was trained on " +

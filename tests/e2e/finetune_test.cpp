@@ -69,7 +69,8 @@ std::vector<std::string> lora_args(const std::string& data, int steps) {
 std::vector<std::string> full_args(const std::string& data, int steps) {
   auto args = lora_args(data, steps);
   args[1] = "stage=full";
-  std::erase_if(args, [](const std::string& a) { return a.rfind("lora.", 0) == 0; });
+  std::erase_if(
+      args, [](const std::string& a) { return a.rfind("lora.", 0) == 0; });
   return args;
 }
 
@@ -356,16 +357,19 @@ TEST(Finetune, Bfloat16WeightsAndEightBitMomentsTrainAndResumeOnlyAsMade) {
   auto r = run_orchard(
       args, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("bfloat16 weights (stochastic rounding)"), std::string::npos)
+  EXPECT_NE(
+      r.out.find("bfloat16 weights (stochastic rounding)"), std::string::npos)
       << r.out;
   auto w = safetensors::load(tmp.file("runs/full/llama/model"));
   auto base = safetensors::load(kLlama + "/model.safetensors");
   const std::string key = "model.layers.0.mlp.up_proj.weight";
   EXPECT_EQ(w[key].scalar_type(), torch::kBFloat16);
-  EXPECT_FALSE(torch::equal(w[key].to(torch::kFloat32), base[key].to(torch::kFloat32)));
+  EXPECT_FALSE(
+      torch::equal(w[key].to(torch::kFloat32), base[key].to(torch::kFloat32)));
   // The checkpoint holds 8-bit codes, not float32 moments.
   bool codes = false, moments = false;
-  for (const auto& e : fs::recursive_directory_iterator(tmp.file("runs/full/llama/checkpoints")))
+  for (const auto& e : fs::recursive_directory_iterator(
+           tmp.file("runs/full/llama/checkpoints")))
     if (e.path().extension() == ".safetensors")
       for (const auto& [k, t] : safetensors::load(e.path().string())) {
         codes = codes || k.ends_with(".exp_avg.q8");
@@ -374,9 +378,12 @@ TEST(Finetune, Bfloat16WeightsAndEightBitMomentsTrainAndResumeOnlyAsMade) {
   EXPECT_TRUE(codes);
   EXPECT_FALSE(moments);
   auto more = with(args, {"max_steps=6", "optim=adamw_torch"});
-  r = run_orchard(more, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
+  r = run_orchard(
+      more, {{"ORCHARD_HOME", tmp.file("home")}}, tmp.path().string());
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("resume with the optimizer it was made with"), std::string::npos)
+  EXPECT_NE(
+      r.err.find("resume with the optimizer it was made with"),
+      std::string::npos)
       << r.err;
 }
 
@@ -735,7 +742,8 @@ TEST(Finetune, BadInputSaysWhatAndHow) {
       {"chat", "--model", v01, "--chat-template", "zephyr", "-p", "hi"});
   EXPECT_EQ(bad_family.exit_code, 2) << bad_family.err;
   EXPECT_NE(
-      bad_family.err.find("zephyr not in {llama3,chatml,mistral,orchard}"),
+      bad_family.err.find(
+          "zephyr not in {llama3,chatml,mistral,orchard,plain}"),
       std::string::npos)
       << bad_family.err;
   expect_error({"plan", "stage=lora"}, "plans for model=DIR");

@@ -528,7 +528,7 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
       {{"chat", "--checkpoint", t.file("sudoku"), "-p", "hi"},
        "trained on puzzles"},
       {{"solve", "--checkpoint", t.file("run"), "--puzzle", "1..."},
-       "not Sudoku or mazes"},
+       "trained on conversations"},
   });
 }
 

@@ -114,8 +114,9 @@ std::optional<ChatSide> chat_side(
         "folder `orchard data chat --tokenizer` read (GPT-2's: "
         "tests/fixtures/tokenizers/gpt2).");
   const text::Tokenizer tok = text::load_tokenizer(cfg.tokenizer);
-  const text::ChatTemplate tmpl =
-      text::open_chat_template(cfg.tokenizer, tok, cfg.chat_template);
+  // Opened now so that a family the tokenizer cannot render fails here,
+  // not when the trained model is first asked to chat.
+  text::open_chat_template(cfg.tokenizer, tok, cfg.chat_template);
   ChatSide c;
   c.tokenizer_dir = fs::absolute(cfg.tokenizer).string();
   c.template_name = cfg.chat_template;
@@ -128,7 +129,6 @@ std::optional<ChatSide> chat_side(
         ": another tokenizer made it. Give that one, or rebuild the data "
         "with `orchard data chat --tokenizer " +
         cfg.tokenizer + "`.");
-  (void)tmpl; // rendering is checked: generation renders with it
   return c;
 }
 
