@@ -531,5 +531,47 @@ TEST(Fuzz, ChatFile) {
   }
 }
 
+// The puzzle readers of stage=trm: Sudoku and maze CSVs, grid JSONL and
+// .chat conversations. Every record either loads with tokens inside the
+// vocabulary or stops with a message naming file and line.
+TEST(Fuzz, PuzzleFiles) {
+  TempDir tmp;
+  const std::vector<File> seeds = seed_puzzle_files();
+  const std::vector<std::string> dictionary = {
+      ",",
+      "\n",
+      ".",
+      "#",
+      "S",
+      "G",
+      "o",
+      "0",
+      "9",
+      "\"",
+      "[[",
+      "]]",
+      "source,question,answer,rating",
+      "\r\n",
+      "-1",
+      "[]",
+      "{}"};
+  Campaign c("puzzle-files");
+  while (c.more(seeds.size())) {
+    Rng rng = c.next_rng();
+    const File& seed = seeds[c.tried() % seeds.size()];
+    std::string in = seed.bytes;
+    if (c.tried() >= seeds.size()) {
+      const bool binary = seed.name.ends_with(".chat");
+      in = binary ? mutate_bytes(in, rng)
+          : seed.name.ends_with(".jsonl") && rng.chance(0.5)
+          ? mutate_json(in, rng)
+          : mutate_with(in, dictionary, rng);
+    }
+    c.run(describe({{seed.name, in}}), [&] {
+      read_puzzle_file(seed.name, in, tmp.path().string());
+    });
+  }
+}
+
 } // namespace
 } // namespace orchard::fuzz

@@ -6,6 +6,7 @@
 #include "core/safetensors.h"
 #include "data/chat_file.h"
 #include "data/chat_prep.h"
+#include "data/puzzles.h"
 #include "data/shards.h"
 #include "data/text_prep.h"
 #include "models/lora.h"
@@ -569,6 +570,59 @@ void read_chat_file(const std::string& bytes, const std::string& dir) {
   if (tokens != f.total_tokens())
     throw std::logic_error("[fuzz] conversation lengths do not add up");
   (void)sum;
+}
+
+void read_puzzle_file(
+    const std::string& name,
+    const std::string& bytes,
+    const std::string& dir) {
+  const std::string path = dir + "/" + name;
+  write_file(path, bytes);
+  const data::PuzzleSet p = data::read_puzzles(path);
+  const int64_t cells = p.seq_len();
+  if (p.size() < 1 || cells < 1 || p.inputs.size(1) != cells ||
+      p.labels.size(1) != cells || p.puzzle_ids.size(0) != p.size())
+    throw std::logic_error("[fuzz] a puzzle set of inconsistent shapes");
+  const auto in_range = [&](const torch::Tensor& t) {
+    return (t >= 0).logical_and(t < p.vocab).all().item<bool>();
+  };
+  const auto labelled = p.labels.masked_fill(p.labels == data::kIgnoreLabel, 0);
+  if (!in_range(p.inputs) || !in_range(labelled))
+    throw std::logic_error("[fuzz] a token outside the vocabulary");
+  if (p.puzzle_ids.min().item<int64_t>() < 0 ||
+      p.puzzle_ids.max().item<int64_t>() >= p.num_puzzle_ids)
+    throw std::logic_error("[fuzz] a puzzle id outside the embedding");
+}
+
+std::vector<File> seed_puzzle_files() {
+  data::maze::GenerateOptions o;
+  o.side = 7;
+  o.min_path = 4;
+  std::mt19937_64 rng(5);
+  std::string mazes = std::string(data::kPuzzleCsvHeader) + "\n";
+  for (int i = 0; i < 3; ++i) {
+    const auto m = data::maze::generate(o, rng);
+    mazes += "m," + m.question + "," + m.answer + "," +
+        std::to_string(m.path_steps) + "\n";
+  }
+  namespace sd = data::sudoku;
+  sd::GenerateOptions so;
+  so.shape = sd::shape_for_cells(16);
+  so.minimal = true;
+  std::string sudoku = std::string(data::kPuzzleCsvHeader) + "\n";
+  for (int i = 0; i < 3; ++i) {
+    const auto p = sd::generate(so, rng);
+    sudoku += "s," + sd::to_text(p.question) + "," + sd::to_text(p.answer) +
+        "," + std::to_string(p.nodes) + "\n";
+  }
+  return {
+      {"sudoku.csv", sudoku},
+      {"mazes.csv", mazes},
+      {"grids.jsonl",
+       "{\"input\": [[1, 2], [3, 4]], \"output\": [[4, 3], [2, 1]], "
+       "\"puzzle\": \"flip\"}\n"
+       "{\"input\": [[0]], \"output\": [[9]]}\n"},
+      {"chats.chat", seed_chat_file()}};
 }
 
 std::string seed_chat_file() {

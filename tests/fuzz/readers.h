@@ -69,11 +69,21 @@ void read_shard(const std::string& bytes, const std::string& dir);
 // data/chat_file: a .chat file, opened and every conversation walked.
 void read_chat_file(const std::string& bytes, const std::string& dir);
 
+// data/puzzles: a puzzle file as stage=trm reads it (`name` says the kind
+// by its extension: .csv Sudoku or mazes, .jsonl grids, .chat
+// conversations), every row's tokens checked against the vocabulary.
+void read_puzzle_file(
+    const std::string& name,
+    const std::string& bytes,
+    const std::string& dir);
+
 // Valid seeds, built by Orchard's own writers or taken from the fixtures.
 std::string seed_safetensors();
 std::string seed_safetensors_index();
 std::string seed_shard(bool wide);
 std::string seed_chat_file();
+// A Sudoku CSV, a maze CSV and a grid JSONL, each of a few records.
+std::vector<File> seed_puzzle_files();
 std::string seed_tiktoken_ranks();
 std::string seed_tiktoken_meta();
 std::vector<std::string> seed_chat_lines();
