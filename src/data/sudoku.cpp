@@ -82,13 +82,21 @@ struct Board {
   }
 };
 
-// Backtracking, most-constrained cell first; digits in `order` (ascending
-// for counting, shuffled to fill a random grid).
+std::vector<int> ascending(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 1);
+  return v;
+}
+
+// Backtracking, most-constrained cell first; digits ascending (for
+// counting), or with `rng` in a fresh random order at every cell (to fill
+// a random grid: one order for the whole search would give the same grid,
+// up to relabelling the digits, every time).
 void search(
     Board& b,
     SolveResult& r,
     int64_t limit,
-    const std::vector<int>& order) {
+    std::mt19937_64* rng = nullptr) {
   Mask cand = 0;
   const int i = b.most_constrained(cand);
   if (i < 0) {
@@ -96,31 +104,26 @@ void search(
       r.solution = b.g;
     return;
   }
+  std::vector<int> order = ascending(b.s.n);
+  if (rng)
+    std::shuffle(order.begin(), order.end(), *rng);
   for (int d : order) {
     if (!(cand & (1 << d)))
       continue;
     ++r.nodes;
     b.set(i, d);
-    search(b, r, limit, order);
+    search(b, r, limit, rng);
     b.unset(i);
     if (r.solutions >= limit)
       return;
   }
 }
 
-std::vector<int> ascending(int n) {
-  std::vector<int> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 1);
-  return v;
-}
-
 Grid random_full(const Shape& s, std::mt19937_64& rng) {
   Board b(s, Grid(size_t(s.cells()), 0));
   b.init();
-  std::vector<int> order = ascending(s.n);
-  std::shuffle(order.begin(), order.end(), rng);
   SolveResult r;
-  search(b, r, 1, order);
+  search(b, r, 1, &rng);
   return r.solution;
 }
 
@@ -199,7 +202,7 @@ SolveResult solve(const Shape& s, const Grid& puzzle, int64_t limit) {
   Board b(s, puzzle);
   if (!b.init())
     return r;
-  search(b, r, limit, ascending(s.n));
+  search(b, r, limit);
   return r;
 }
 
