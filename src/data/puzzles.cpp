@@ -564,21 +564,13 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
   // Rounds of generation until `count` distinct puzzles (at most this many
   // times `count` made in all: a shape with fewer distinct puzzles stops).
   constexpr int64_t kMaxMadePerWanted = 20;
-  for (int64_t have = 0; int64_t(test.size() + train.size()) < o.count &&
-       have < kMaxMadePerWanted * o.count;) {
-    const int64_t missing = o.count - int64_t(test.size() + train.size());
-    make(have, have + (have == 0 ? o.count : 2 * missing));
-    for (size_t i = size_t(have); i < made.size(); ++i) {
-      classes.push_back(sudoku::canonical(shape, made[i].question));
-      texts.push_back(sudoku::to_text(made[i].question));
-      distinct_classes.insert(classes.back());
-    }
-    if (have == 0)
-      by_class = int64_t(distinct_classes.size()) * 2 >= o.count;
+  // Puzzles made[from...] into test, then train, each class (or puzzle)
+  // once.
+  auto take = [&](size_t from) {
     const auto& key = by_class ? classes : texts;
-    for (size_t i = size_t(have); i < made.size(); ++i) {
+    for (size_t i = from; i < made.size(); ++i) {
       if (int64_t(test.size() + train.size()) == o.count)
-        break;
+        return;
       if (!seen.insert(key[i]).second) {
         ++repeats;
         continue;
@@ -590,7 +582,31 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
         train.push_back(i);
       }
     }
+  };
+  for (int64_t have = 0; int64_t(test.size() + train.size()) < o.count &&
+       have < kMaxMadePerWanted * o.count;) {
+    const int64_t missing = o.count - int64_t(test.size() + train.size());
+    make(have, have + (have == 0 ? o.count : 2 * missing));
+    for (size_t i = size_t(have); i < made.size(); ++i) {
+      classes.push_back(sudoku::canonical(shape, made[i].question));
+      texts.push_back(sudoku::to_text(made[i].question));
+      distinct_classes.insert(classes.back());
+    }
+    if (have == 0)
+      by_class = int64_t(distinct_classes.size()) * 2 >= o.count;
+    take(size_t(have));
     have = int64_t(made.size());
+    if (by_class && have >= kMaxMadePerWanted * o.count &&
+        int64_t(test.size() + train.size()) < o.count) {
+      // Fewer classes than the count: split by puzzle after all.
+      by_class = false;
+      test.clear();
+      train.clear();
+      seen.clear();
+      test_texts.clear();
+      repeats = 0;
+      take(0);
+    }
   }
   const int64_t distinct = int64_t(test.size() + train.size());
   if (distinct < o.count || train.empty())
