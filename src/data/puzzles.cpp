@@ -690,6 +690,7 @@ SudokuDataSummary write_sudoku_dataset(const SudokuDataOptions& o) {
          "cells a backtracking solver (most-constrained cell first) tries "
          "to find the solution and prove it unique; the rating column"}}},
       {"seed", o.seed},
+      {"generator_version", sudoku::kGeneratorVersion},
       {"split",
        by_class ? (shape.n > 6
                        ? "by puzzle up to digit relabelling (9x9: the "

@@ -60,6 +60,11 @@ struct GenerateOptions {
   bool minimal = false;                // remove givens while unique
 };
 
+// Bumped when generated puzzles change for the same options and seed (2:
+// each puzzle its own random solution grid; 1 gave one grid up to
+// relabelling). Cached sets of an older version are made again.
+constexpr int kGeneratorVersion = 2;
+
 // Search nodes from which a minimal puzzle counts as extreme.
 constexpr int64_t kExtremeNodes = 60;
 

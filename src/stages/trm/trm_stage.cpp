@@ -52,7 +52,10 @@ data::PuzzleSplits load_data(const TrmStageConfig& cfg, std::string& path) {
   path = home + "/puzzles/" + cfg.generate_task + size + "-" +
       (maze ? std::string("hard") : cfg.generate_difficulty) + "-" +
       std::to_string(cfg.generate_count) + "-aug" +
-      std::to_string(cfg.generate_augment) + "-seed" + std::to_string(cfg.seed);
+      std::to_string(cfg.generate_augment) + "-seed" +
+      std::to_string(cfg.seed) +
+      // Sets an older generator made are not reused.
+      (maze ? "" : "-v" + std::to_string(data::sudoku::kGeneratorVersion));
   if (fs::exists(path + "/dataset.json"))
     return data::load_puzzle_splits(path);
   std::printf(
