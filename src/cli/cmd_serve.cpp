@@ -65,6 +65,13 @@ Command register_serve(CLI::App& root) {
         MachineFacts m = machine_for(st->device);
         DeviceInfo d = select_device(st->device, m);
         runs::LoadedModel loaded = open_model(st->model, d);
+        if (!loaded.model->supports_kv_cache())
+          throw UserError(
+              loaded.checkpoint_dir +
+              " is a tiny recursive model, which decodes one sequence at a "
+              "time without a cache; orchard serve batches requests with "
+              "one. Talk to it with `orchard chat --checkpoint " +
+              loaded.checkpoint_dir + "`.");
         infer::ChatModel chat(loaded, d.device);
         // The model's id: the run's name and stage (runs/sft/d4 -> sft/d4).
         o.model_name = loaded.name;

@@ -528,6 +528,8 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
        "tokenizer= is for chat data"},
       {{"chat", "--checkpoint", t.file("sudoku"), "-p", "hi"},
        "trained on puzzles"},
+      {{"serve", "--checkpoint", t.file("run"), "--port", "0"},
+       "orchard serve batches requests"},
       {{"solve", "--checkpoint", t.file("run"), "--puzzle", "1..."},
        "trained on conversations"},
   });
