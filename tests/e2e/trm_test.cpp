@@ -137,7 +137,7 @@ TEST(TrmCli, SixBySixAnswersImproveWithEverySupervisionStep) {
       t.file("s6"),
       t.file("run"),
       {"num_iterations=900",
-       "eval_every=50",
+       "eval_every=100",
        "eval_size=250",
        "save_every=900"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
