@@ -23,6 +23,10 @@ namespace orchard::data::maze {
 
 constexpr char kWall = '#', kOpen = '.', kStart = 'S', kGoal = 'G', kPath = 'o';
 
+// The sides the generator takes: a 3x3 lattice at least, 60 at most
+// (3,600 positions, four times Maze-Hard's).
+constexpr int kMinSide = 5, kMaxSide = 60;
+
 // The side of upstream's Maze-Hard, and its shortest-path floor.
 constexpr int kHardSide = 30;
 constexpr int kHardMinPath = 110;

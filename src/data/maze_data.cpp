@@ -14,9 +14,6 @@
 namespace orchard::data {
 namespace {
 
-// Sides the generator takes: a 3x3 lattice at least, 60 at most (3,600
-// positions, four times Maze-Hard's).
-constexpr int kMinSide = 5, kMaxSide = 60;
 constexpr int kSymmetries = 8;
 // Mazes made per maze asked before giving up on distinct ones.
 constexpr int64_t kMaxMadePerWanted = 20;
@@ -24,11 +21,11 @@ constexpr int64_t kMaxMadePerWanted = 20;
 } // namespace
 
 MazeDataSummary write_maze_dataset(const MazeDataOptions& o) {
-  if (o.side < kMinSide || o.side > kMaxSide)
+  if (o.side < maze::kMinSide || o.side > maze::kMaxSide)
     throw UserError(
         "--size " + std::to_string(o.side) + ": Orchard makes mazes of side " +
-        std::to_string(kMinSide) + " to " + std::to_string(kMaxSide) +
-        " (Maze-Hard's is 30).");
+        std::to_string(maze::kMinSide) + " to " +
+        std::to_string(maze::kMaxSide) + " (Maze-Hard's is 30).");
   if (o.count < 2)
     throw UserError(
         "--count must be at least 2 (some to train, some held out).");

@@ -351,6 +351,12 @@ TEST(TrmCli, MazesTrainSolveAndEvaluate) {
       {{"data", "maze", "--augment", "8", "--out", t.file("x")},
        "0 to 7 copies"},
       {{"data", "maze", "--size", "4", "--out", t.file("x")}, "--size 4"},
+      {{"plan",
+        "--preset",
+        "trm-maze",
+        "generate.size=4",
+        "data_dir=" + t.file("home")},
+       "generate.size=4: Orchard generates mazes of side 5 to 60"},
       {{"data",
         "maze",
         "--size",
@@ -477,6 +483,8 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
       kEnv);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("Chat: "), std::string::npos) << r.out;
+  // The run's samples: greedy replies to held-out conversations.
+  EXPECT_NE(r.out.find("  A: The "), std::string::npos) << r.out;
 
   auto c = test::run_orchard(
       {"chat",

@@ -9,6 +9,7 @@
 #include "core/files.h"
 #include "core/progress.h"
 #include "core/version.h"
+#include "infer/engine.h"
 #include "models/trm_language_model.h"
 #include "runs/run_folder.h"
 #include "stages/samples.h"
@@ -46,6 +47,14 @@ data::PuzzleSplits load_data(const TrmStageConfig& cfg, std::string& path) {
         "generate.size=" + std::to_string(cfg.generate_size) +
         ": Orchard generates 4x4, 6x6 and 9x9 Sudoku (mazes: "
         "generate.task=maze).");
+  if (maze &&
+      (cfg.generate_size < data::maze::kMinSide ||
+       cfg.generate_size > data::maze::kMaxSide))
+    throw UserError(
+        "generate.size=" + std::to_string(cfg.generate_size) +
+        ": Orchard generates mazes of side " +
+        std::to_string(data::maze::kMinSide) + " to " +
+        std::to_string(data::maze::kMaxSide) + " (Maze-Hard's is 30).");
   const std::string home =
       cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir;
   const std::string size = std::to_string(cfg.generate_size);
@@ -143,13 +152,24 @@ std::vector<train::Sample> chat_samples(
     const data::PuzzleSet& test,
     int64_t n,
     torch::Device device) {
-  constexpr int64_t kMaxReply = 48; // tokens
   const text::Tokenizer tok = text::load_tokenizer(chat.tokenizer_dir);
-  const text::ChatTemplate tmpl =
-      text::open_chat_template(chat.tokenizer_dir, tok, chat.template_name);
-  const auto stops = tmpl.stop_tokens();
-  models::TrmLanguageModel lm(model);
-  torch::NoGradGuard no_grad;
+  infer::SamplingOptions greedy;
+  greedy.max_new_tokens = 48;
+  greedy.temperature = 0;
+  for (text::TokenId id :
+       text::open_chat_template(chat.tokenizer_dir, tok, chat.template_name)
+           .stop_tokens())
+    greedy.stop_tokens.push_back(id);
+  infer::Engine engine(
+      std::make_shared<models::TrmLanguageModel>(model), device);
+  // Drops the turn's end token from a reply.
+  auto text_of = [&](std::vector<int64_t> ids) {
+    const auto& stops = greedy.stop_tokens;
+    if (!ids.empty() &&
+        std::find(stops.begin(), stops.end(), ids.back()) != stops.end())
+      ids.pop_back();
+    return tok.decode(std::vector<text::TokenId>(ids.begin(), ids.end()));
+  };
   std::vector<train::Sample> out;
   for (int64_t i = 0; i < n; ++i) {
     const auto in = test.inputs[i].contiguous(),
@@ -161,28 +181,15 @@ std::vector<train::Sample> chat_samples(
       ++start;
     if (start == test.length)
       continue;
-    std::vector<int64_t> seq(ids, ids + start + 1);
-    std::vector<text::TokenId> reply, truth;
+    const std::vector<int64_t> prompt(ids, ids + start + 1);
+    std::vector<int64_t> truth;
     for (int64_t k = start; k < test.length && lab[k] != data::kIgnoreLabel;
          ++k)
-      truth.push_back(text::TokenId(lab[k]));
-    while (int64_t(reply.size()) < kMaxReply &&
-           int64_t(seq.size()) <= model->config.seq_len) {
-      const auto logits =
-          lm.forward(torch::tensor(seq, torch::kLong).view({1, -1}).to(device));
-      const int64_t next = logits[0][-1].argmax().item<int64_t>();
-      if (std::find(stops.begin(), stops.end(), next) != stops.end())
-        break;
-      reply.push_back(text::TokenId(next));
-      seq.push_back(next);
-      if (int64_t(seq.size()) == model->config.seq_len + 1)
-        break;
-    }
-    if (!truth.empty() &&
-        std::find(stops.begin(), stops.end(), truth.back()) != stops.end())
-      truth.pop_back();
-    std::vector<text::TokenId> prompt(ids, ids + start + 1);
-    out.push_back({tok.decode(prompt), tok.decode(reply), tok.decode(truth)});
+      truth.push_back(lab[k]);
+    out.push_back(
+        {text_of(prompt),
+         text_of(engine.generate(prompt, greedy)),
+         text_of(truth)});
   }
   return out;
 }
