@@ -22,6 +22,22 @@
 using namespace orchard;
 namespace sd = orchard::data::sudoku;
 
+namespace {
+
+// A small TRM: width 32, 2 heads, 2 H-cycles of 2 L-cycles.
+models::TrmConfig small_config(int64_t seq_len, int64_t vocab) {
+  models::TrmConfig c;
+  c.seq_len = seq_len;
+  c.vocab_size = vocab;
+  c.hidden_size = 32;
+  c.num_heads = 2;
+  c.H_cycles = 2;
+  c.L_cycles = 2;
+  return c;
+}
+
+} // namespace
+
 TEST(Trm, StablemaxCrossEntropyFollowsItsFormula) {
   auto logits = torch::tensor({{-2.0, 0.0, 3.0}}, torch::kFloat32);
   auto labels = torch::tensor({{2}}, torch::kLong).view({1});
@@ -79,14 +95,8 @@ TEST(Trm, TheParametersAreThePapersCounts) {
 // gradient the float32 step gives, up to bfloat16's rounding. Autocast on
 // the CPU stands in for the GPU's: the cache is the same code.
 TEST(Trm, EveryWeightGetsItsGradientUnderAutocast) {
-  models::TrmConfig c;
-  c.seq_len = 6;
-  c.vocab_size = 5;
+  models::TrmConfig c = small_config(6, 5);
   c.puzzle_emb_ndim = 0;
-  c.hidden_size = 32;
-  c.num_heads = 2;
-  c.H_cycles = 2;
-  c.L_cycles = 2;
   for (bool mlp_t : {false, true}) {
     SCOPED_TRACE(mlp_t ? "mlp_t" : "attention");
     c.mlp_t = mlp_t;
@@ -273,9 +283,6 @@ TEST(Trm, BadPuzzleFilesNameTheLine) {
   }
 }
 
-namespace orchard {
-namespace {
-
 // A causal TRM (the chat variant) as generation sees it: every call starts
 // from a fresh carry and runs every supervision step, so position t's
 // distribution depends on tokens 0..t alone (changing later tokens, or
@@ -283,13 +290,7 @@ namespace {
 // an earlier call. The same model without causal attention fails the
 // first check, so the check can fail.
 TEST(Trm, TheChatVariantSeesNoLaterTokenAndKeepsNoState) {
-  models::TrmConfig c;
-  c.seq_len = 12;
-  c.vocab_size = 40;
-  c.hidden_size = 32;
-  c.num_heads = 2;
-  c.H_cycles = 2;
-  c.L_cycles = 2;
+  models::TrmConfig c = small_config(12, 40);
   c.halt_max_steps = 3;
   c.puzzle_emb_ndim = 32;
   c.puzzle_emb_len = 2;
@@ -318,6 +319,3 @@ TEST(Trm, TheChatVariantSeesNoLaterTokenAndKeepsNoState) {
   EXPECT_FALSE(torch::allclose(
       lm.forward(idx).narrow(1, 0, 6), lm.forward(changed).narrow(1, 0, 6)));
 }
-
-} // namespace
-} // namespace orchard
