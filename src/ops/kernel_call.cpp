@@ -9,7 +9,10 @@
 
 namespace orchard::ops::kernel {
 
-bool usable(std::initializer_list<torch::Tensor> tensors) {
+namespace {
+bool same_kernel_inputs(
+    std::initializer_list<torch::Tensor> tensors,
+    bool allow_grad) {
 #ifdef ORCHARD_CUDA_KERNELS
   if (tensors.size() == 0)
     return false;
@@ -18,7 +21,7 @@ bool usable(std::initializer_list<torch::Tensor> tensors) {
   if (!first.is_cuda() ||
       !(t == torch::kFloat32 || t == torch::kFloat16 || t == torch::kBFloat16))
     return false;
-  const bool grad = torch::GradMode::is_enabled();
+  const bool grad = !allow_grad && torch::GradMode::is_enabled();
   for (const auto& x : tensors)
     if (!x.defined() || x.device() != first.device() || x.scalar_type() != t ||
         (grad && x.requires_grad()))
@@ -26,8 +29,18 @@ bool usable(std::initializer_list<torch::Tensor> tensors) {
   return true;
 #else
   (void)tensors;
+  (void)allow_grad;
   return false;
 #endif
+}
+} // namespace
+
+bool usable(std::initializer_list<torch::Tensor> tensors) {
+  return same_kernel_inputs(tensors, /*allow_grad=*/false);
+}
+
+bool usable_with_grad(std::initializer_list<torch::Tensor> tensors) {
+  return same_kernel_inputs(tensors, /*allow_grad=*/true);
 }
 
 bool launches_early() {

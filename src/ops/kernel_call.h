@@ -20,6 +20,10 @@ namespace orchard::ops::kernel {
 // (float32, float16 or bfloat16), and no gradient is wanted of any.
 bool usable(std::initializer_list<torch::Tensor> tensors);
 
+// The same, gradients allowed: for the kernels of src/ops/fused_train.h,
+// which have a backward.
+bool usable_with_grad(std::initializer_list<torch::Tensor> tensors);
+
 // Whether the kernels start before the kernel ahead of them has ended
 // (programmatic dependent launch; cuda::dependent_launch_active), on the
 // current CUDA device. False without the kernels.

@@ -8,10 +8,10 @@
 #include "ops/kernel_call.h"
 #include "ops/linear.h"
 #include "ops/nf4.h"
+#include "ops/op_test_util.h"
 #include "ops/rms_norm.h"
 #include "ops/rotary_cache.h"
 #include "ops/silu_mul.h"
-#include "ops/op_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -34,39 +34,20 @@ namespace {
 using torch::indexing::Slice;
 
 const std::vector<torch::ScalarType> kDtypes = {
-    torch::kFloat32, torch::kBFloat16, torch::kFloat16};
+    torch::kFloat32,
+    torch::kBFloat16,
+    torch::kFloat16};
 
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kCPU, torch::kFloat64) - b.to(torch::kCPU, torch::kFloat64))
+  return (a.to(torch::kCPU, torch::kFloat64) -
+          b.to(torch::kCPU, torch::kFloat64))
       .abs()
       .max()
       .item<double>();
 }
 
 using test::relative_error;
-
-// One unit in the last place of the dtype at magnitude 1.
-double ulp(torch::ScalarType t) {
-  return t == torch::kFloat32 ? 1.2e-7 : t == torch::kFloat16 ? 9.8e-4 : 7.9e-3;
-}
-
-// The device with the kernels, or nullopt (the test is skipped).
-std::optional<torch::Device> kernel_device() {
-  if (!torch::cuda::is_available())
-    return std::nullopt;
-  const torch::Device cuda(torch::kCUDA, 0);
-  const auto probe = torch::ones({2, 4}, cuda);
-  if (!ops::silu_mul_is_fused(probe, probe))
-    return std::nullopt;
-  return cuda;
-}
-
-#define REQUIRE_KERNELS(dev)                                                  \
-  const auto dev##_opt = kernel_device();                                     \
-  if (!dev##_opt)                                                             \
-    GTEST_SKIP() << "SKIPPED: no CUDA device, or built without the CUDA "     \
-                    "kernels (ORCHARD_CUDA)";                                 \
-  const torch::Device dev = *dev##_opt
+using test::ulp;
 
 // Rope tables as Hugging Face builds them (cos, sin of position * inverse
 // frequency, each half repeated), and Orchard's sign-folded sin.
@@ -75,8 +56,7 @@ struct Tables {
 };
 Tables tables(int64_t positions, int64_t D) {
   auto inv = 1.0 /
-      torch::pow(10000.0,
-                 torch::arange(0, D, 2, torch::kFloat64) / double(D));
+      torch::pow(10000.0, torch::arange(0, D, 2, torch::kFloat64) / double(D));
   auto f = torch::outer(torch::arange(positions, torch::kFloat64), inv);
   Tables t;
   t.cos = torch::cat({f.cos(), f.cos()}, -1);
@@ -108,8 +88,10 @@ TEST(DecodeOps, RotaryCacheWriteIsTransformersRotationAtEachRowsPosition) {
     const int64_t p = pos[size_t(b)];
     auto c = t.cos[p], s = t.sin_hf[p];
     auto qb = q[b].view({H, D}), kb = k[b].view({Hkv, D});
-    EXPECT_LT(max_diff(got[b].view({H, D}), qb * c + rotate_half(qb) * s), 1e-12);
-    EXPECT_LT(max_diff(ck[b].select(1, p), kb * c + rotate_half(kb) * s), 1e-12);
+    EXPECT_LT(
+        max_diff(got[b].view({H, D}), qb * c + rotate_half(qb) * s), 1e-12);
+    EXPECT_LT(
+        max_diff(ck[b].select(1, p), kb * c + rotate_half(kb) * s), 1e-12);
     EXPECT_TRUE(torch::equal(cv[b].select(1, p), v[b].view({Hkv, D})));
   }
   // Nothing else written: every other position (and the spare row) keeps
@@ -127,8 +109,8 @@ TEST(DecodeOps, RotaryCacheKernelEqualsThePlainOps) {
   REQUIRE_KERNELS(cuda);
   torch::manual_seed(12);
   // Llama 3.2 3B's heads, and Qwen2.5 0.5B's with a batch.
-  for (auto [B, H, Hkv, D] : std::vector<std::array<int64_t, 4>>{
-           {1, 24, 8, 128}, {5, 14, 2, 64}}) {
+  for (auto [B, H, Hkv, D] :
+       std::vector<std::array<int64_t, 4>>{{1, 24, 8, 128}, {5, 14, 2, 64}}) {
     const int64_t cap = 40;
     const auto t = tables(64, D);
     for (auto dtype : kDtypes) {
@@ -138,7 +120,8 @@ TEST(DecodeOps, RotaryCacheKernelEqualsThePlainOps) {
       auto parts = qkv.split_with_sizes({H * D, Hkv * D, Hkv * D}, 1);
       auto pos = torch::randint(0, cap, {B}, opt.dtype(torch::kInt64));
       const auto cos = t.cos.to(opt), sin = t.sin_folded.to(opt);
-      auto ck = torch::randn({B + 2, Hkv, cap, D}, opt), cv = torch::randn_like(ck);
+      auto ck = torch::randn({B + 2, Hkv, cap, D}, opt),
+           cv = torch::randn_like(ck);
       auto rk = ck.clone(), rv = cv.clone();
       ASSERT_TRUE(ops::rotary_cache_write_is_fused(
           parts[0], parts[1], parts[2], cos, sin, pos, ck, cv));
@@ -170,8 +153,12 @@ torch::Tensor exact_attention(
     const int64_t p = pos[size_t(b)];
     const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
     for (int64_t h = 0; h < H; ++h) {
-      auto k = ck[b][h / G].narrow(0, lo, p - lo + 1).to(torch::kCPU, torch::kFloat64);
-      auto v = cv[b][h / G].narrow(0, lo, p - lo + 1).to(torch::kCPU, torch::kFloat64);
+      auto k = ck[b][h / G]
+                   .narrow(0, lo, p - lo + 1)
+                   .to(torch::kCPU, torch::kFloat64);
+      auto v = cv[b][h / G]
+                   .narrow(0, lo, p - lo + 1)
+                   .to(torch::kCPU, torch::kFloat64);
       auto qq = q[b][h][0].to(torch::kCPU, torch::kFloat64);
       auto w = torch::softmax(k.matmul(qq) / std::sqrt(double(D)), 0);
       y[b].narrow(0, h * D, D).copy_(w.matmul(v));
@@ -189,11 +176,11 @@ TEST(DecodeOps, DecodeAttentionKernelIsExactAttentionOverTheFilledKeys) {
     std::vector<int64_t> pos;
   };
   const std::vector<Case> cases = {
-      {24, 8, 128, 512, 384, 0, {300}},          // 3B, several chunks
-      {14, 2, 64, 256, 256, 0, {0, 70, 200}},    // 0.5B, a batch
-      {8, 8, 32, 200, 130, 50, {129, 10, 64}},   // no grouping, a window
-      {16, 2, 256, 64, 64, 0, {63, 1}},           // one chunk
-      {6, 3, 96, 300, 300, 7, {299, 150}}};       // D = 96, window
+      {24, 8, 128, 512, 384, 0, {300}},        // 3B, several chunks
+      {14, 2, 64, 256, 256, 0, {0, 70, 200}},  // 0.5B, a batch
+      {8, 8, 32, 200, 130, 50, {129, 10, 64}}, // no grouping, a window
+      {16, 2, 256, 64, 64, 0, {63, 1}},        // one chunk
+      {6, 3, 96, 300, 300, 7, {299, 150}}};    // D = 96, window
   for (const auto& c : cases) {
     const int64_t B = int64_t(c.pos.size());
     for (auto dtype : kDtypes) {
@@ -204,9 +191,11 @@ TEST(DecodeOps, DecodeAttentionKernelIsExactAttentionOverTheFilledKeys) {
       // Past each row's position the cache holds NaN: read, it would
       // poison the row (0 * NaN is NaN).
       for (int64_t b = 0; b < B; ++b) {
-        ck[b].narrow(1, c.pos[size_t(b)] + 1, c.cap - c.pos[size_t(b)] - 1)
+        ck[b]
+            .narrow(1, c.pos[size_t(b)] + 1, c.cap - c.pos[size_t(b)] - 1)
             .fill_(std::nan(""));
-        cv[b].narrow(1, c.pos[size_t(b)] + 1, c.cap - c.pos[size_t(b)] - 1)
+        cv[b]
+            .narrow(1, c.pos[size_t(b)] + 1, c.cap - c.pos[size_t(b)] - 1)
             .fill_(std::nan(""));
       }
       auto pos = torch::tensor(c.pos, opt.dtype(torch::kInt64));
@@ -224,7 +213,8 @@ TEST(DecodeOps, DecodeAttentionKernelIsExactAttentionOverTheFilledKeys) {
       // And as close as the plain ops (which round the probabilities) on
       // a cache without NaN.
       if (c.window == 0) {
-        auto clean_k = torch::nan_to_num(ck, 0), clean_v = torch::nan_to_num(cv, 0);
+        auto clean_k = torch::nan_to_num(ck, 0),
+             clean_v = torch::nan_to_num(cv, 0);
         auto plain = ops::decode_attention_reference(
             q, clean_k, clean_v, pos, c.key_len, c.window);
         EXPECT_LT(relative_error(got, plain), 2 * tol + 4 * ulp(dtype))
@@ -236,24 +226,29 @@ TEST(DecodeOps, DecodeAttentionKernelIsExactAttentionOverTheFilledKeys) {
 
 TEST(DecodeOps, SiluMulKernelEqualsThePlainOps) {
   torch::NoGradGuard no_grad;
-  auto g = torch::randn({3, 10}, torch::kFloat64), u = torch::randn({3, 10}, torch::kFloat64);
+  auto g = torch::randn({3, 10}, torch::kFloat64),
+       u = torch::randn({3, 10}, torch::kFloat64);
   EXPECT_LT(max_diff(ops::silu_mul(g, u), g / (1 + torch::exp(-g)) * u), 1e-12);
   REQUIRE_KERNELS(cuda);
   torch::manual_seed(14);
   for (auto dtype : kDtypes)
     for (int64_t B : {1, 7}) {
       // gate and up as the two halves of one product.
-      auto gu = (torch::randn({B, 2 * 8192 + 2 * 3}, torch::TensorOptions().device(cuda)) * 4)
-                    .to(dtype);
+      auto gu =
+          (torch::randn(
+               {B, 2 * 8192 + 2 * 3}, torch::TensorOptions().device(cuda)) *
+           4)
+              .to(dtype);
       auto parts = gu.split(8192 + 3, 1);
       ASSERT_TRUE(ops::silu_mul_is_fused(parts[0], parts[1]));
       auto got = ops::silu_mul(parts[0], parts[1]);
       auto want = ops::silu_mul_reference(parts[0], parts[1]);
       ASSERT_EQ(got.sizes(), want.sizes());
       EXPECT_LT(relative_error(got, want), 2 * ulp(dtype)) << dtype;
-      EXPECT_LT((got - want).abs().max().item<double>() /
-                    (want.abs().max().item<double>() + 1e-30),
-                4 * ulp(dtype))
+      EXPECT_LT(
+          (got - want).abs().max().item<double>() /
+              (want.abs().max().item<double>() + 1e-30),
+          4 * ulp(dtype))
           << dtype;
     }
 }
@@ -269,7 +264,8 @@ TEST(DecodeOps, AddRmsNormIsTheSumThenTheNorm) {
   REQUIRE_KERNELS(cuda);
   torch::manual_seed(15);
   for (auto dtype : kDtypes)
-    for (auto shape : std::vector<std::vector<int64_t>>{{1, 1, 3072}, {8, 1, 896}, {3, 5}}) {
+    for (auto shape :
+         std::vector<std::vector<int64_t>>{{1, 1, 3072}, {8, 1, 896}, {3, 5}}) {
       const auto opt = torch::TensorOptions().device(cuda);
       auto xc = (torch::randn(shape, opt) * 3).to(dtype);
       auto rc = torch::randn(shape, opt).to(dtype);
@@ -278,7 +274,8 @@ TEST(DecodeOps, AddRmsNormIsTheSumThenTheNorm) {
       // The sum is one rounding of x + r: exactly PyTorch's.
       EXPECT_TRUE(torch::equal(sum, xc + rc)) << dtype;
       auto want = ops::rms_norm_reference(xc + rc, wc, 1e-6);
-      EXPECT_LT(relative_error(normed, want), dtype == torch::kFloat32 ? 1e-6 : 4e-3)
+      EXPECT_LT(
+          relative_error(normed, want), dtype == torch::kFloat32 ? 1e-6 : 4e-3)
           << dtype;
     }
 }
@@ -322,15 +319,21 @@ TEST(DecodeOps, MatvecKernelIsTheMatrixProduct) {
   torch::manual_seed(17);
   // Llama 3.2 3B's qkv and down, Qwen2.5 0.5B's qkv (with its bias), a
   // width that is not a multiple of the warp's stride.
-  for (auto [out, in, with_bias] : std::vector<std::tuple<int64_t, int64_t, bool>>{
-           {5120, 3072, false}, {3072, 8192, false}, {1152, 896, true}, {37, 40, true}})
+  for (auto [out, in, with_bias] :
+       std::vector<std::tuple<int64_t, int64_t, bool>>{
+           {5120, 3072, false},
+           {3072, 8192, false},
+           {1152, 896, true},
+           {37, 40, true}})
     for (auto dtype : kDtypes)
       for (int64_t N : {1, 3, 8, 9}) {
         const auto opt = torch::TensorOptions().device(cuda).dtype(dtype);
         auto x = torch::randn({N, in}, opt);
         auto w = (torch::randn({out, in}, opt) * 0.05).to(dtype);
         auto b = with_bias ? torch::randn({out}, opt) : torch::Tensor();
-        EXPECT_EQ(ops::linear_is_matvec(x, w, b), N == 1 && in % (16 / x.element_size()) == 0)
+        EXPECT_EQ(
+            ops::linear_is_matvec(x, w, b),
+            N == 1 && in % (16 / x.element_size()) == 0)
             << dtype << " " << out << "x" << in;
         auto got = ops::linear(x, w, b);
         ASSERT_EQ(got.sizes(), (std::vector<int64_t>{N, out}));

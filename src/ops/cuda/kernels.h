@@ -84,7 +84,11 @@ int rotary_cache_write(
 // chunk past pos[b] reads nothing. D a multiple of 32 up to 256, H / Hkv
 // at most 8.
 constexpr int64_t kDecodeChunk = 64;
-int64_t decode_attention_workspace(int64_t B, int64_t H, int64_t key_len, int64_t D);
+int64_t decode_attention_workspace(
+    int64_t B,
+    int64_t H,
+    int64_t key_len,
+    int64_t D);
 bool decode_attention_supports(int64_t H, int64_t Hkv, int64_t D);
 int decode_attention(
     Dtype dtype,
@@ -156,6 +160,62 @@ int matvec(
     int64_t N,
     int64_t out,
     int64_t in,
+    void* stream);
+
+// Training kernels with a backward (train_fused.cu; the ops in
+// src/ops/fused_train.cpp wrap them in autograd functions).
+//
+// y = T(T(silu(g)) * u), where g and u are the halves of one contiguous
+// product gu viewed as (outer, 2, inner): g = gu[o][0], u = gu[o][1]; y is
+// (outer, inner) contiguous.
+int silu_mul_halves(
+    Dtype dtype,
+    const void* gu,
+    void* y,
+    int64_t outer,
+    int64_t inner,
+    void* stream);
+
+// Its gradient: dgu (outer, 2, inner) from dy (outer, inner), as PyTorch's
+// silu and product compute theirs.
+int silu_mul_halves_backward(
+    Dtype dtype,
+    const void* gu,
+    const void* dy,
+    void* dgu,
+    int64_t outer,
+    int64_t inner,
+    void* stream);
+
+// For a and b viewed as (outer, N, inner), contiguous: s = T(a + b) and
+// y = T(s * rstd) with rstd = rsqrt(sum_n s^2 / count + eps) in float32,
+// over the middle dimension (count <= N: the entries after the first count
+// are zero padding). Writes y (like a) and rstd (outer * inner float32).
+int add_rms_norm_unscaled(
+    Dtype dtype,
+    const void* a,
+    const void* b,
+    void* y,
+    float* rstd,
+    int64_t outer,
+    int64_t N,
+    int64_t inner,
+    int64_t count,
+    float eps,
+    void* stream);
+
+// Its gradient with respect to s (and so to a and to b), from the output
+// y and rstd: dx = T(rstd * (dy - y * sum_n(dy * y) / count)).
+int rms_norm_unscaled_backward(
+    Dtype dtype,
+    const void* dy,
+    const void* y,
+    const float* rstd,
+    void* dx,
+    int64_t outer,
+    int64_t N,
+    int64_t inner,
+    int64_t count,
     void* stream);
 
 } // namespace orchard::ops::cuda
