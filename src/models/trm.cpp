@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "ops/fused_train.h"
 #include "ops/rms_norm.h"
 
 #include <cmath>
@@ -173,17 +174,31 @@ TrmSwiGluImpl::TrmSwiGluImpl(int64_t in, double expansion) {
   down_proj = register_module("down_proj", linear(inner, in));
 }
 
-// silu(gate) * up, the two halves of `gate_up` (2I, in) applied as two
-// products: each comes out contiguous, where halves of one product are
-// strided and take the slow elementwise kernels (measured on an H100,
+// silu(gate) * up for gate and up the two halves of `gate_up` (2I, in).
+// With the fused kernel, one product and the halves read in place. Without
+// it, two products: each comes out contiguous, where halves of one product
+// are strided and take the slow elementwise kernels (measured on an H100,
 // a fifth of the step), and the backward needs no concatenation.
 namespace {
 torch::Tensor swiglu_hidden(
     const torch::Tensor& x,
     const torch::Tensor& gate_up) {
+  if (ops::silu_mul_halves_is_fused(x))
+    return ops::silu_mul_halves(F::linear(x, gate_up), -1);
   const int64_t inner = gate_up.size(0) / 2;
   return torch::silu(F::linear(x, gate_up.narrow(0, 0, inner))) *
       F::linear(x, gate_up.narrow(0, inner, inner));
+}
+
+// w (rows, T) applied to each puzzle's (T', D) matrix h[b], T' >= T (the
+// positions past T zero padding: zero weight columns): (B, rows, D). One
+// batched product over w broadcast, in h's dtype; no transposes of h.
+torch::Tensor mix_positions(const torch::Tensor& w, const torch::Tensor& h) {
+  auto wp = w;
+  if (const int64_t pad = h.size(1) - w.size(1); pad > 0)
+    wp = F::pad(wp, F::PadFuncOptions({0, pad}));
+  wp = wp.to(h.scalar_type());
+  return torch::bmm(wp.unsqueeze(0).expand({h.size(0), -1, -1}), h);
 }
 } // namespace
 
@@ -236,7 +251,8 @@ torch::Tensor TrmAttentionImpl::forward(
   return o_proj(y.transpose(1, 2).reshape({B, T, D}));
 }
 
-TrmBlockImpl::TrmBlockImpl(const TrmConfig& c) : eps(c.rms_norm_eps) {
+TrmBlockImpl::TrmBlockImpl(const TrmConfig& c)
+    : eps(c.rms_norm_eps), positions(c.positions()) {
   if (c.mlp_t)
     mlp_t = register_module("mlp_t", TrmSwiGlu(c.positions(), c.expansion));
   else
@@ -250,37 +266,21 @@ torch::Tensor TrmBlockImpl::forward(
     const torch::Tensor& cos,
     const torch::Tensor& sin) {
   if (mlp_t) {
-    // Across positions: (B, D, T); the norm then runs over positions.
-    auto t = h.transpose(1, 2);
-    const int64_t T = t.size(-1);
-    const int64_t pad =
-        (kPositionMultiple - T % kPositionMultiple) % kPositionMultiple;
-    if (pad == 0 || !(h.is_cuda() || align_positions_everywhere)) {
-      t = ops::rms_norm_unscaled(t + mlp_t(t), eps);
-      h = t.transpose(1, 2);
-    } else {
-      // T = 97 (Sudoku's 16 + 81) makes the products' rows 97 values
-      // long, which the GPU's fast matrix kernels cannot take (they read
-      // 8 aligned values at a time): measured on an H100, a third of the
-      // step. The same sums with zeros after the T positions: the input
-      // and the weights padded to a multiple of 8, the padded outputs
-      // zero, the norm's mean over the T real positions.
-      const auto tp = F::pad(t, F::PadFuncOptions({0, pad}));
-      const auto& gu = mlp_t->gate_up_proj->weight; // (2I, T)
-      const auto& down = mlp_t->down_proj->weight;  // (T, I)
-      auto y = F::linear(
-          swiglu_hidden(tp, F::pad(gu, F::PadFuncOptions({0, pad}))),
-          F::pad(down, F::PadFuncOptions({0, 0, 0, pad})));
-      auto r = tp + y;
-      const auto f = r.to(at_least_float32(r.scalar_type()));
-      r = (f * torch::rsqrt(f.square().sum(-1, true) / double(T) + eps))
-              .to(r.scalar_type());
-      h = r.narrow(-1, 0, T).transpose(1, 2).contiguous();
-    }
+    // Across positions, in h's layout (B, T', D): the SwiGLU's weights
+    // multiply each puzzle's matrix from the left, (2I, T') x (T', D); the
+    // norm then runs over the T real positions (the padding stays zero).
+    auto gu = mix_positions(mlp_t->gate_up_proj->weight, h); // (B, 2I, D)
+    auto down = mlp_t->down_proj->weight;                    // (T, I)
+    if (const int64_t pad = h.size(1) - down.size(0); pad > 0)
+      down = F::pad(down, F::PadFuncOptions({0, 0, 0, pad}));
+    auto y = torch::bmm(
+        down.to(h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1}),
+        ops::silu_mul_halves(gu, 1));
+    h = ops::add_rms_norm_unscaled(h, y, 1, eps, positions);
   } else {
-    h = ops::rms_norm_unscaled(h + self_attn(h, cos, sin), eps);
+    h = ops::add_rms_norm_unscaled(h, self_attn(h, cos, sin), -1, eps);
   }
-  return ops::rms_norm_unscaled(h + mlp(h), eps);
+  return ops::add_rms_norm_unscaled(h, mlp(h), -1, eps);
 }
 
 TrmImpl::TrmImpl(TrmConfig c) : config(std::move(c)) {
@@ -364,6 +364,24 @@ TrmStepOutput TrmImpl::step(
     const torch::Tensor& puzzle_ids) {
   auto x = input_embeddings(inputs, puzzle_ids);
   torch::Tensor z_H = z_H0, z_L = z_L0;
+  // T = 97 (Sudoku's 16 + 81) makes the position-mixing products' rows 97
+  // values long, which the GPU's fast matrix kernels cannot take (they
+  // read 8 aligned values at a time): measured on an H100, a third of the
+  // step. So on the GPU the states run with zero rows after the T
+  // positions, up to a multiple of 8: zero they stay (no weight reads
+  // them, the norms map zero to zero), and the real rows get the same
+  // sums. Cut off again below.
+  const int64_t T = x.size(1);
+  const int64_t pad =
+      config.mlp_t && (x.is_cuda() || align_positions_everywhere)
+      ? (kPositionMultiple - T % kPositionMultiple) % kPositionMultiple
+      : 0;
+  if (pad > 0) {
+    const auto rows = F::PadFuncOptions({0, 0, 0, pad});
+    x = F::pad(x, rows);
+    z_H = F::pad(z_H, rows);
+    z_L = F::pad(z_L, rows);
+  }
   // Under autocast the states and the injection stay in its dtype (as
   // upstream runs in bfloat16), not in float32 with products cast down.
   const auto dt = compat::autocast_dtype(x.device().type());
@@ -375,8 +393,9 @@ TrmStepOutput TrmImpl::step(
   {
     torch::NoGradGuard no_grad; // every cycle but the last
     for (int64_t h = 0; h + 1 < config.H_cycles; ++h) {
+      const auto injection = z_H + x; // the same for the L cycles
       for (int64_t l = 0; l < config.L_cycles; ++l)
-        z_L = net(z_L, z_H + x);
+        z_L = net(z_L, injection);
       z_H = net(z_H, z_L);
     }
   }
@@ -384,8 +403,9 @@ TrmStepOutput TrmImpl::step(
   // they reused from autocast's cache below, the loss would not reach the
   // weights (PyTorch issue 112583, fixed only in recent releases).
   compat::clear_autocast_cache();
+  const auto injection = z_H + x;
   for (int64_t l = 0; l < config.L_cycles; ++l)
-    z_L = net(z_L, z_H + x);
+    z_L = net(z_L, injection);
   z_H = net(z_H, z_L);
   TrmStepOutput out;
   out.logits = lm_head(z_H).narrow(1, config.prefix_len(), config.seq_len);
@@ -393,8 +413,8 @@ TrmStepOutput TrmImpl::step(
   q = q.to(at_least_float32(q.scalar_type()));
   out.q_halt = q.select(1, 0);
   out.q_continue = q.select(1, 1);
-  out.z_H = z_H.detach();
-  out.z_L = z_L.detach();
+  out.z_H = (pad > 0 ? z_H.narrow(1, 0, T).contiguous() : z_H).detach();
+  out.z_L = (pad > 0 ? z_L.narrow(1, 0, T).contiguous() : z_L).detach();
   return out;
 }
 

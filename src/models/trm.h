@@ -110,9 +110,7 @@ struct TrmBlockImpl : torch::nn::Module {
   TrmAttention self_attn{nullptr};
   TrmSwiGlu mlp_t{nullptr}, mlp{nullptr};
   double eps;
-  // mlp_t on CUDA pads the positions to a multiple of 8 for the products
-  // (the same result); true does so on every device (the tests).
-  bool align_positions_everywhere = false;
+  int64_t positions; // T: h may carry zero rows after them (TrmImpl::step)
 };
 TORCH_MODULE(TrmBlock);
 
@@ -152,6 +150,10 @@ struct TrmImpl : torch::nn::Module {
   torch::nn::ModuleList L_level{nullptr};
   torch::Tensor H_init, L_init; // buffers (D)
   torch::Tensor cos, sin;       // rope: (T, D / heads)
+  // With mlp_t on CUDA the states carry zero rows after the T positions,
+  // up to a multiple of 8, for the products (the same result); true does
+  // so on every device (the tests).
+  bool align_positions_everywhere = false;
 };
 TORCH_MODULE(Trm);
 

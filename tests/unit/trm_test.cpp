@@ -135,39 +135,104 @@ TEST(Trm, EveryWeightGetsItsGradientUnderAutocast) {
   }
 }
 
-// The token-mixing MLP with its positions padded to a multiple of 8 (what
-// the GPU runs for Sudoku's 97) gives the unpadded result and gradients.
-TEST(Trm, PaddedPositionsGiveTheSameTokenMixing) {
+namespace {
+
+// A small model with the position mixer (T = 9 + 2, padded to 16 on the
+// GPU), its puzzle embedding and Q-head made non-zero.
+models::Trm small_mixer_model() {
   models::TrmConfig c;
-  c.seq_len = 9; // T = 9 + 2: padded to 16
+  c.seq_len = 9;
   c.vocab_size = 5;
+  c.num_puzzle_identifiers = 4;
   c.puzzle_emb_ndim = 24;
   c.puzzle_emb_len = 2;
   c.hidden_size = 16;
+  c.L_layers = 2;
+  c.H_cycles = 2;
+  c.L_cycles = 2;
   c.mlp_t = true;
   c.pos_encodings = "none";
   torch::manual_seed(5);
-  models::TrmBlock block(c);
-  block->to(torch::kFloat64);
-  const auto h = torch::randn({3, 11, 16}, torch::kFloat64);
-  auto run = [&](bool pad) {
-    block->align_positions_everywhere = pad;
-    block->zero_grad();
-    auto x = h.clone().requires_grad_(true);
-    auto y = block->forward(x, {}, {});
-    (y * torch::arange(y.numel(), torch::kFloat64).view_as(y).sin())
-        .sum()
-        .backward();
-    std::vector<torch::Tensor> r = {y.detach(), x.grad()};
-    for (const auto& p : block->parameters())
-      r.push_back(p.grad().clone());
-    return r;
-  };
-  const auto plain = run(false), padded = run(true);
+  models::Trm model(c);
+  torch::NoGradGuard no_grad;
+  model->puzzle_emb.normal_();
+  model->q_head->weight.normal_();
+  return model;
+}
+
+// One step of `model` on fixed inputs: logits, q_halt, the carry, then
+// every parameter's gradient of a fixed loss, all float64 on the CPU.
+std::vector<torch::Tensor> step_results(models::Trm& model) {
+  torch::manual_seed(6);
+  const auto dev = model->H_init.device();
+  const auto dt = model->H_init.scalar_type();
+  const auto inputs = torch::randint(0, 5, {3, 9}, torch::kLong).to(dev);
+  const auto ids = torch::tensor({0, 3, 1}, torch::kLong).to(dev);
+  auto [h0, l0] = model->initial_carry(3);
+  h0 = h0 + 0.1 * torch::randn(h0.sizes(), torch::kFloat64).to(dev, dt);
+  model->zero_grad();
+  const auto out = model->step(h0, l0, inputs, ids);
+  const auto w = torch::arange(out.logits.numel(), torch::kFloat64)
+                     .view_as(out.logits)
+                     .sin()
+                     .to(dev, out.logits.scalar_type());
+  ((out.logits * w).sum() + out.q_halt.sum() * 0.3).backward();
+  std::vector<torch::Tensor> r = {
+      out.logits.detach(), out.q_halt.detach(), out.z_H, out.z_L};
+  for (const auto& p : model->parameters())
+    r.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+  for (auto& t : r)
+    t = t.to(torch::kCPU, torch::kFloat64);
+  return r;
+}
+
+} // namespace
+
+// The states with their positions padded to a multiple of 8 (what the GPU
+// runs for Sudoku's 97) give the unpadded step: logits, halting logits,
+// the carry and every gradient.
+TEST(Trm, PaddedPositionsGiveTheSameStep) {
+  auto model = small_mixer_model();
+  model->to(torch::kFloat64);
+  model->align_positions_everywhere = false;
+  const auto plain = step_results(model);
+  model->align_positions_everywhere = true;
+  const auto padded = step_results(model);
   ASSERT_EQ(plain.size(), padded.size());
-  for (size_t i = 0; i < plain.size(); ++i)
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_EQ(plain[i].sizes(), padded[i].sizes()) << i;
     EXPECT_LT((plain[i] - padded[i]).abs().max().item<double>(), 1e-12) << i;
+  }
   EXPECT_GT(plain[0].abs().max().item<double>(), 0.1);
+  EXPECT_EQ(plain[2].size(1), 11);
+  // The position-mixing weights got gradients (they would be all zero
+  // where padding cut them off).
+  EXPECT_GT(
+      model->L_level[0]
+          ->as<models::TrmBlock>()
+          ->mlp_t->gate_up_proj->weight.grad()
+          .abs()
+          .max()
+          .item<double>(),
+      0.0);
+}
+
+// On the GPU (padded states, the fused kernels of ops/fused_train.h where
+// built) a float32 step equals the CPU's plain float32 step: outputs and
+// every gradient. Skipped without a CUDA device.
+TEST(Trm, TheGpuStepEqualsTheCpuStep) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  auto model = small_mixer_model();
+  const auto cpu = step_results(model);
+  model->to(torch::Device(torch::kCUDA, 0));
+  const auto gpu = step_results(model);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_EQ(cpu[i].sizes(), gpu[i].sizes()) << i;
+    const double scale = cpu[i].abs().max().item<double>() + 1e-12;
+    EXPECT_LT((cpu[i] - gpu[i]).abs().max().item<double>() / scale, 1e-4) << i;
+  }
 }
 
 TEST(Trm, HaltingFollowsTheRule) {
