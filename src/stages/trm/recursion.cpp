@@ -132,6 +132,7 @@ ActTrainer::Carry ActTrainer::fresh() const {
   k.z_L = torch::zeros_like(k.z_H);
   k.steps = torch::zeros({slots_}, f.dtype(torch::kLong));
   k.halted = torch::ones({slots_}, f.dtype(torch::kBool)); // empty slots
+  k.halted_cpu = torch::ones({slots_}, torch::kBool);
   k.inputs = torch::zeros({slots_, c.seq_len}, f.dtype(torch::kLong));
   k.labels = torch::zeros_like(k.inputs);
   k.ids = torch::zeros({slots_}, f.dtype(torch::kLong));
@@ -154,13 +155,15 @@ torch::Tensor ActTrainer::micro_step(int64_t micro) {
   auto labels = part(now_.labels).clone();
   auto ids = part(now_.ids).clone();
   // Halted slots take the next rows.
-  const auto idx = halted.nonzero().squeeze(1);
-  if (idx.numel() > 0) {
-    const auto rows = stream_.next(idx.numel());
+  const auto idx_cpu =
+      now_.halted_cpu.narrow(0, from, micro).nonzero().squeeze(1);
+  if (idx_cpu.numel() > 0) {
+    const auto rows = stream_.next(idx_cpu.numel());
     const auto r = torch::tensor(rows, torch::kLong);
-    inputs.index_copy_(0, idx, train_.inputs.index_select(0, r).to(device_));
-    labels.index_copy_(0, idx, train_.labels.index_select(0, r).to(device_));
-    ids.index_copy_(0, idx, train_.puzzle_ids.index_select(0, r).to(device_));
+    const auto idx = to_device(idx_cpu);
+    inputs.index_copy_(0, idx, to_device(train_.inputs.index_select(0, r)));
+    labels.index_copy_(0, idx, to_device(train_.labels.index_select(0, r)));
+    ids.index_copy_(0, idx, to_device(train_.puzzle_ids.index_select(0, r)));
   }
   const int64_t D = c.hidden_size;
   const auto reset = halted.view({-1, 1, 1});
@@ -206,11 +209,17 @@ torch::Tensor ActTrainer::micro_step(int64_t micro) {
     part(next_.labels).copy_(labels);
     part(next_.ids).copy_(ids);
     const auto h = now_halted.to(torch::kFloat64);
-    const auto sums = torch::stack({h.sum(),
-                                    (loss.exact.to(torch::kFloat64) * h).sum(),
-                                    (loss.cells * h).sum(),
-                                    (steps.to(torch::kFloat64) * h).sum()})
-                          .cpu();
+    // The step's one host sync: the halted puzzles' sums and the mask.
+    const auto sums =
+        torch::cat({torch::stack(
+                        {h.sum(),
+                         (loss.exact.to(torch::kFloat64) * h).sum(),
+                         (loss.cells * h).sum(),
+                         (steps.to(torch::kFloat64) * h).sum()}),
+                    h})
+            .cpu();
+    next_.halted_cpu.narrow(0, from, micro)
+        .copy_(sums.narrow(0, 4, micro) > 0.5);
     const auto* s = sums.data_ptr<double>();
     pending_.halted += int64_t(s[0]);
     pending_.exact += s[1];
@@ -268,6 +277,13 @@ void ActTrainer::restore_carry(
   put("carry.inputs", now_.inputs);
   put("carry.labels", now_.labels);
   put("carry.puzzle_ids", now_.ids);
+  now_.halted_cpu = now_.halted.to(torch::kCPU).clone();
+}
+
+torch::Tensor ActTrainer::to_device(const torch::Tensor& t) const {
+  if (!device_.is_cuda())
+    return t.to(device_);
+  return t.pin_memory().to(device_, /*non_blocking=*/true);
 }
 
 TrainMetrics ActTrainer::take_metrics() {

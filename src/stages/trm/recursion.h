@@ -100,7 +100,12 @@ class ActTrainer {
  private:
   struct Carry {
     torch::Tensor z_H, z_L, steps, halted, inputs, labels, ids;
+    // `halted` on the CPU, read at the step's one host sync: which slots
+    // take new rows is known without waiting for the GPU.
+    torch::Tensor halted_cpu;
   };
+  // t on the device; from pinned memory without a host sync on CUDA.
+  torch::Tensor to_device(const torch::Tensor& t) const;
   Carry fresh() const;
 
   models::Trm model_;
