@@ -8,6 +8,10 @@
 #   (bench/peers/trm_step.py) and `orchard train --preset trm-sudoku`.
 # PHASE=profile: orchard_bench_trm (the step alone) and the peers, each
 #   with a kernel summary of one traced step (NO_PEER=1: Orchard only).
+# PHASE=kernels: the fused training kernels (src/ops/cuda/train_fused.cu)
+#   against their plain ops and the TRM tests on the GPU, then the step alone
+#   (orchard_bench_trm, with a traced step's kernel summary) and `orchard
+#   train`'s s/step (PEER=1: the torch.compile peer too, in the same run).
 # PHASE=build: the build alone; a next call within the machine's idle
 #   time (30 s) finds it, and with SKIP_BUILD=1 uses it as it is.
 # PHASE=accuracy: `orchard train --preset trm-sudoku` on generated easy
@@ -33,6 +37,7 @@ if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :
 else case "${PHASE:-bench}" in
 bench) device_build orchard orchard_golden_tests orchard_unit_tests ;;
 profile) device_build orchard orchard_bench_trm orchard_bench_trm_trace ;;
+kernels) device_build orchard orchard_unit_tests orchard_golden_tests orchard_bench_trm orchard_bench_trm_trace ;;
 *) device_build orchard ;;
 esac; fi
 O=$PWD/build-cuda/orchard
@@ -84,6 +89,20 @@ profile)
   done
   train_bench
   gzip $OUT/*.json
+  ;;
+kernels)
+  ./build-cuda/orchard_unit_tests --gtest_filter='FusedTrain.*:Trm.*:DecodeOps.*' > "$OUT/unit.log" 2>&1 || status=1
+  ./build-cuda/orchard_golden_tests --gtest_filter='TrmReference.*' > "$OUT/golden.log" 2>&1 || status=1
+  grep -hE "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual" -A1 "$OUT/unit.log" "$OUT/golden.log" | head -40
+  ./build-cuda/orchard_bench_trm cuda | tee -a "$RESULT/trm_bench.jsonl"
+  ORCHARD_TRACE=$OUT/orchard.json ./build-cuda/orchard_bench_trm_trace cuda 768 3 > /dev/null
+  python3 bench/trace_summary.py $OUT/orchard.json 25
+  train_bench
+  if [ "${PEER:-0}" = 1 ]; then
+    python3 bench/peers/trm_step.py --data $D9 --compile > "$OUT/peer--compile.log" 2>&1 || { status=1; tail -20 "$OUT/peer--compile.log"; }
+    grep '^{"peer"' "$OUT/peer--compile.log" | tee -a "$RESULT/trm_bench.jsonl"
+  fi
+  gzip -f $OUT/*.json
   ;;
 accuracy)
   R=/tmp/trm-acc-run; rm -rf $R
