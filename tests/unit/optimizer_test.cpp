@@ -61,6 +61,77 @@ TEST(NewtonSchulz, RejectsNonMatrices) {
   EXPECT_THROW(
       newton_schulz_orthogonalize(torch::ones({3}), 5, torch::kFloat32),
       c10::Error);
+  EXPECT_THROW(
+      newton_schulz_orthogonalize(
+          torch::ones({2, 3, 4, 5}), 5, torch::kFloat32),
+      c10::Error);
+}
+
+// A stack of same-shaped matrices is each matrix orthogonalised on its own
+// (each with its own norm: the scales differ by 1000x), wide and tall.
+TEST(NewtonSchulz, AStackIsEachMatrixOnItsOwn) {
+  torch::manual_seed(3);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (auto shape :
+         {std::vector<int64_t>{24, 40}, std::vector<int64_t>{40, 24}}) {
+      std::vector<torch::Tensor> gs;
+      for (double scale : {1.0, 1e3, 1e-3})
+        gs.push_back(scale * torch::randn(shape, torch::kFloat64));
+      const auto stacked =
+          newton_schulz_orthogonalize(torch::stack(gs), 5, dtype);
+      ASSERT_EQ(stacked.size(0), 3);
+      for (size_t k = 0; k < gs.size(); ++k) {
+        const auto alone = newton_schulz_orthogonalize(gs[k], 5, dtype);
+        const double diff =
+            (stacked[int64_t(k)] - alone).abs().max().item<double>();
+        EXPECT_LT(diff, dtype == torch::kFloat64 ? 1e-12 : 1e-5)
+            << dtype << " " << shape[0] << "x" << shape[1] << " #" << k;
+      }
+    }
+}
+
+// Muon over matrices of which three share a shape (stacked) and one does
+// not steps each exactly as Muon over that matrix alone.
+TEST(Muon, StackedMatricesStepAsEachAlone) {
+  torch::manual_seed(4);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {8, 12}, {12, 8}, {8, 12}, {8, 12}};
+  std::vector<torch::Tensor> together, alone;
+  for (const auto& s : shapes) {
+    together.push_back(torch::randn(s, torch::kFloat64).requires_grad_(true));
+    alone.push_back(together.back().detach().clone().requires_grad_(true));
+  }
+  OptimizerOptions oo;
+  oo.newton_schulz_dtype = torch::kFloat64;
+  oo.muon_stack_on_cpu = true; // as on a GPU
+  auto group = [](std::vector<torch::Tensor> ps, size_t first) {
+    NamedTensors named;
+    for (size_t i = 0; i < ps.size(); ++i)
+      named.push_back({"w" + std::to_string(first + i), ps[i]});
+    return ParamGroup{
+        .name = "matrices",
+        .params = named,
+        .lr = 0.02,
+        .weight_decay = 0.1,
+        .muon = true};
+  };
+  Optimizers one({group(together, 0)}, oo);
+  std::vector<Optimizers> each;
+  for (size_t i = 0; i < alone.size(); ++i)
+    each.emplace_back(std::vector<ParamGroup>{group({alone[i]}, i)}, oo);
+  for (int64_t step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const auto g = torch::randn(shapes[i], torch::kFloat64);
+      together[i].mutable_grad() = g.clone();
+      alone[i].mutable_grad() = g.clone();
+    }
+    one.step(1.0, step);
+    for (auto& o : each)
+      o.step(1.0, step);
+  }
+  for (size_t i = 0; i < shapes.size(); ++i)
+    EXPECT_LT((together[i] - alone[i]).abs().max().item<double>(), 1e-12) << i;
+  EXPECT_GT((together[0] - together[2]).abs().max().item<double>(), 1e-3);
 }
 
 // Muon's first step worked by hand, with zero Newton-Schulz iterations (the
