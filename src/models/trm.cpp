@@ -190,15 +190,11 @@ torch::Tensor swiglu_hidden(
       F::linear(x, gate_up.narrow(0, inner, inner));
 }
 
-// w (rows, T) applied to each puzzle's (T', D) matrix h[b], T' >= T (the
-// positions past T zero padding: zero weight columns): (B, rows, D). One
-// batched product over w broadcast, in h's dtype; no transposes of h.
-torch::Tensor mix_positions(const torch::Tensor& w, const torch::Tensor& h) {
-  auto wp = w;
-  if (const int64_t pad = h.size(1) - w.size(1); pad > 0)
-    wp = F::pad(wp, F::PadFuncOptions({0, pad}));
-  wp = wp.to(h.scalar_type());
-  return torch::bmm(wp.unsqueeze(0).expand({h.size(0), -1, -1}), h);
+// w (rows, cols) times each puzzle's matrix x[b] (cols, D): (B, rows, D),
+// one batched product over w broadcast, in x's dtype; no transposes of x.
+torch::Tensor times_each(const torch::Tensor& w, const torch::Tensor& x) {
+  return torch::bmm(
+      w.to(x.scalar_type()).unsqueeze(0).expand({x.size(0), -1, -1}), x);
 }
 } // namespace
 
@@ -267,15 +263,16 @@ torch::Tensor TrmBlockImpl::forward(
     const torch::Tensor& sin) {
   if (mlp_t) {
     // Across positions, in h's layout (B, T', D): the SwiGLU's weights
-    // multiply each puzzle's matrix from the left, (2I, T') x (T', D); the
-    // norm then runs over the T real positions (the padding stays zero).
-    auto gu = mix_positions(mlp_t->gate_up_proj->weight, h); // (B, 2I, D)
-    auto down = mlp_t->down_proj->weight;                    // (T, I)
-    if (const int64_t pad = h.size(1) - down.size(0); pad > 0)
-      down = F::pad(down, F::PadFuncOptions({0, 0, 0, pad}));
-    auto y = torch::bmm(
-        down.to(h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1}),
-        ops::silu_mul_halves(gu, 1));
+    // multiply each puzzle's matrix from the left, (2I, T') x (T', D), with
+    // zero weights for the T' - T padded positions; the norm then runs
+    // over the T real positions (the padding stays zero).
+    const int64_t pad = h.size(1) - positions;
+    const auto gu = times_each(
+        F::pad(mlp_t->gate_up_proj->weight, F::PadFuncOptions({0, pad})),
+        h); // (B, 2I, D)
+    const auto y = times_each(
+        F::pad(mlp_t->down_proj->weight, F::PadFuncOptions({0, 0, 0, pad})),
+        ops::silu_mul_halves(gu, 1)); // (B, T', D)
     h = ops::add_rms_norm_unscaled(h, y, 1, eps, positions);
   } else {
     h = ops::add_rms_norm_unscaled(h, self_attn(h, cos, sin), -1, eps);

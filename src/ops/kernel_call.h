@@ -1,9 +1,10 @@
 // What the ops share when they call a CUDA kernel of src/ops/cuda: whether
-// tensors can go to one (on a CUDA device, one dtype the kernels take,
-// nothing needing a gradient: the kernels have no backward), the kernels'
-// dtype, the current stream, and a launch failure turned into an error.
-// Without -DORCHARD_CUDA=ON `usable` is always false and the ops keep
-// their plain definitions.
+// tensors can go to one (on a CUDA device, one dtype the kernels take;
+// for the decoding kernels, which have no backward, nothing needing a
+// gradient), the kernels' dtype, the current stream, and a launch failure
+// turned into an error. Without -DORCHARD_CUDA=ON `usable` and
+// `usable_with_grad` are always false and the ops keep their plain
+// definitions.
 #pragma once
 
 #include <torch/torch.h>
