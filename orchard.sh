@@ -55,7 +55,9 @@ DEBIAN_PACKAGES=(
 DEBIAN_TEST_PACKAGES=(chromium)
 # Debian's libtorch is CPU-only and uses the system BLAS: the OpenMP build of
 # OpenBLAS is required (with the reference BLAS training is ~20x slower).
-DEBIAN_TORCH_PACKAGES=(libtorch-dev libopenblas0-openmp)
+# libgloo-dev: the headers and library of Gloo, c10d's CPU backend
+# (multi-process training on the CPU, src/dist).
+DEBIAN_TORCH_PACKAGES=(libtorch-dev libopenblas0-openmp libgloo-dev)
 
 BREW_PACKAGES=(cmake ninja pytorch yaml-cpp nlohmann-json cli11 cpp-httplib pcre2 googletest google-benchmark wordnet)
 

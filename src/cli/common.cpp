@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include "core/error.h"
+#include "dist/world.h"
 #include "stages/trm/recursion.h"
 
 #include <cstdio>
@@ -76,9 +77,34 @@ DeviceInfo select_device(
       throw UserError(
           "WORLD_SIZE='" + *ws +
           "' is not a process count; set it to 1 or more, or unset it.");
-    if (trains)
-      check_distributed_supported(d, static_cast<int>(n));
   }
+  if (!trains)
+    return d;
+  // Several processes (torchrun, `orchard launch`, Slurm): one GPU each,
+  // then the process group.
+  const dist::LaunchEnv launch = dist::read_launch_env(env);
+  if (!launch.multi())
+    return d;
+  check_distributed_supported(d, launch.world);
+  if (d.device.is_cuda()) {
+    const int gpus = int(machine.cuda.size());
+    if (launch.local_rank >= gpus)
+      throw UserError(
+          "LOCAL_RANK=" + std::to_string(launch.local_rank) +
+          " but this "
+          "machine has " +
+          std::to_string(gpus) + " GPU(s): start at most " +
+          std::to_string(gpus) + " processes per node (--nproc-per-node " +
+          std::to_string(gpus) + "), or set CUDA_VISIBLE_DEVICES.");
+    d.device = torch::Device(torch::kCUDA, launch.local_rank);
+  }
+  dist::init(launch, d.device);
+  std::fprintf(
+      status_stream(),
+      "Distributed: %s, %s; rank 0 alone prints and writes.\n",
+      launch.describe().c_str(),
+      dist::backend_for(d.kind).second.c_str());
+  std::fflush(status_stream());
   return d;
 }
 

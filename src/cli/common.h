@@ -93,5 +93,6 @@ Command register_serve(CLI::App& root);
 Command register_lora(CLI::App& root);
 Command register_eval(CLI::App& root);
 Command register_solve(CLI::App& root);
+Command register_launch(CLI::App& root);
 
 } // namespace orchard::cli

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
       cli::register_lora(app),
       cli::register_eval(app),
       cli::register_solve(app),
+      cli::register_launch(app),
   };
   try {
     configure_cpu_threads();

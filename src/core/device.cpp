@@ -169,11 +169,6 @@ void check_distributed_supported(const DeviceInfo& d, int world_size) {
         std::to_string(world_size) +
         "): PyTorch has no collective backend for Apple GPUs.\n  Run a single "
         "process (unset WORLD_SIZE).");
-  throw UserError(
-      "WORLD_SIZE=" + std::to_string(world_size) +
-      ": Orchard does not train with several processes yet; each would train "
-      "alone into the same run folder.\n  Run a single process (unset "
-      "WORLD_SIZE, or start orchard without torchrun).");
 }
 
 } // namespace orchard

@@ -38,9 +38,8 @@ std::string using_device_line(const DeviceInfo& d);
 // CPU fallback. Each says what it costs and how to fix it.
 std::vector<std::string> platform_notes(const MachineFacts& m);
 
-// Multi-process training: not built yet (each process would train alone
-// into one run folder), and MPS has no collective backend in PyTorch.
-// Throws UserError when world_size > 1, saying which.
+// Multi-process training on MPS: PyTorch has no collective backend for
+// Apple GPUs. Throws UserError there when world_size > 1.
 void check_distributed_supported(const DeviceInfo& d, int world_size);
 
 } // namespace orchard

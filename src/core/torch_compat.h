@@ -257,3 +257,22 @@ inline bool has_fused_attention() {
 }
 
 } // namespace orchard::compat
+
+// c10d's collective groups (src/dist/world.cpp defines
+// ORCHARD_C10D_COMPAT before its includes and skips the precompiled header):
+// 2.x's Gloo and NCCL classes derive from c10d::Backend; 1.13's from
+// c10d::ProcessGroup. Both have allreduce and broadcast with the same
+// signatures.
+#if defined(ORCHARD_C10D_COMPAT)
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+namespace orchard::compat {
+using CollectiveGroup = c10d::Backend;
+} // namespace orchard::compat
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+namespace orchard::compat {
+using CollectiveGroup = c10d::ProcessGroup;
+} // namespace orchard::compat
+#endif
+#endif

@@ -109,6 +109,10 @@ class GptStage : public Stage {
     return out;
   }
 
+  bool data_parallel() const override {
+    return true;
+  }
+
   std::string next_steps(const Settings& settings, const Report& report)
       const override {
     const PretrainConfig& cfg = section<PretrainConfig>(settings);

@@ -59,7 +59,6 @@ StageStatus status_of(const std::string& run_dir, int64_t wanted) {
   return st;
 }
 
-
 // A stage whose parent trains in this command, or was trained further
 // since, is stale: it trains again (its old run is kept aside).
 void mark_stale(const Pipeline& p, const PipelineStage& ps, StageStatus& st) {
@@ -212,6 +211,9 @@ std::string pipeline_status(const Pipeline& p) {
 
 bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
   std::vector<train::StageReport> reports;
+  for (const auto& s : p.stages)
+    if (!s.done)
+      check_data_parallel(*s.settings->stage);
   bool all_done = true;
   for (const auto& s : p.stages) {
     all_done = all_done && s.done;

@@ -1,6 +1,7 @@
 #include "stages/stage.h"
 
 #include "core/error.h"
+#include "dist/world.h"
 #include "stages/finetune_stages.h"
 #include "stages/gpt_stages.h"
 #include "stages/grpo/grpo_stage.h"
@@ -78,6 +79,22 @@ const Stage& stage_named(const std::string& name) {
   throw UserError(
       "stage=" + name + " is not a stage; the stages are " + stage_list() +
       ".");
+}
+
+void check_data_parallel(const Stage& stage) {
+  if (dist::size() <= 1 || stage.data_parallel())
+    return;
+  std::string which;
+  for (const Stage* s : all_stages())
+    if (s->data_parallel())
+      which += (which.empty() ? "" : ", ") + s->name();
+  throw UserError(
+      "stage=" + stage.name() +
+      " does not train with several processes yet "
+      "(WORLD_SIZE=" +
+      std::to_string(dist::size()) + "); the stages that do: " + which +
+      ". Train it in one process (unset WORLD_SIZE, or leave out "
+      "`orchard launch`/torchrun).");
 }
 
 std::unique_ptr<Settings> configure(const config::Sources& sources) {

@@ -1,5 +1,6 @@
 #include "stages/samples.h"
 
+#include "dist/world.h"
 #include "infer/chat.h"
 #include "infer/engine.h"
 
@@ -77,7 +78,7 @@ train::StageReport finish_stage(
     const DeviceInfo& device,
     const std::function<void(train::StageReport&)>& draw) {
   const train::TrainResult& r = report.result;
-  if (r.interrupted)
+  if (r.interrupted || !dist::leader()) // rank 0 alone samples and reports
     return report;
   if (r.already_done) {
     if (auto saved = train::saved_stage_result(r.run_dir, r.step)) {

@@ -104,6 +104,11 @@ class Stage {
   // What to run next, printed after training ("Chat with it: ...").
   virtual std::string next_steps(const Settings& settings, const Report& r)
       const = 0;
+  // Whether several processes (src/dist) train this stage together, each on
+  // its own part of the data.
+  virtual bool data_parallel() const {
+    return false;
+  }
 
  private:
   std::string name_, summary_;
@@ -115,6 +120,9 @@ const std::vector<const Stage*>& all_stages();
 const Stage& stage_named(const std::string& name);
 // "base|mid|sft|lora|full".
 std::string stage_list();
+// UserError when this process is one of several (src/dist) and `stage`
+// does not train data-parallel yet.
+void check_data_parallel(const Stage& stage);
 
 // The stage the sources ask for (stage=... in the preset, then --config,
 // then key=value; the later wins), "base" when none says, and its settings

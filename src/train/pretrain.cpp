@@ -5,6 +5,7 @@
 #include "core/torch_compat.h"
 #include "data/loader.h"
 #include "data/text_prep.h"
+#include "dist/world.h"
 #include "runs/load.h"
 #include "runs/run_folder.h"
 #include "text/tokenizer_io.h"
@@ -187,14 +188,15 @@ BatchPlan plan_for(
   grad_accum_steps( // the known message when a set batch does not divide
       cfg.total_batch_size,
       cfg.device_batch_size.value_or(1),
-      cfg.max_seq_len);
+      cfg.max_seq_len,
+      dist::size());
   const std::optional<bool> ckpt = cfg.gradient_checkpointing == "auto"
       ? std::nullopt
       : std::optional<bool>(cfg.gradient_checkpointing == "true");
   BatchPlan plan = plan_batch(
       plan_model_of(mc),
       plan_settings(cfg, precision, device),
-      cfg.total_batch_size,
+      cfg.total_batch_size / dist::size(), // each rank's share
       memory_budget(device, cfg.memory_fraction),
       cfg.device_batch_size ? std::optional<bool>(ckpt.value_or(false)) : ckpt);
   if (!cfg.device_batch_size)
@@ -281,7 +283,9 @@ TrainResult run_training(
   // Batch arithmetic first: a batch that does not divide fails before any
   // data is prepared (with auto, one sequence must divide).
   const int64_t T = cfg.max_seq_len;
-  grad_accum_steps(cfg.total_batch_size, cfg.device_batch_size.value_or(1), T);
+  const int world = dist::size(), rank = dist::rank();
+  grad_accum_steps(
+      cfg.total_batch_size, cfg.device_batch_size.value_or(1), T, world);
   auto say_early = [](const std::string& s) {
     std::printf("%s\n", s.c_str());
     std::fflush(stdout);
@@ -314,41 +318,45 @@ TrainResult run_training(
   // conversations (sft).
   std::vector<std::string> train_shards, val_shards;
   std::shared_ptr<data::ChatFile> chat_train, chat_val;
-  if (base) {
-    PreparedData data = prepare_pretraining_data(cfg, say_early);
-    result.tokenizer_dir = data.tokenizer_dir;
-    result.data_description = data.description;
-    train_shards = data.train_shards;
-    val_shards = data.val_shards;
-  } else {
-    result.tokenizer_dir = init->tokenizer_dir;
-    ChatData chats = prepare_chat_data(
-        {.files = cfg.chat_data,
-         .data_dir = cfg.data_dir,
-         .max_seq_len = T,
-         .tokenizer_dir = result.tokenizer_dir},
-        say_early);
-    result.chat_val = chats.val;
-    if (sft) {
-      chat_train =
-          std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
-      chat_val =
-          std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
-      result.data_description = chats.description + "; " +
-          std::to_string(chat_train->size()) + " conversations, " +
-          std::to_string(chat_val->size()) + " held out; loss on answers";
+  // With several processes rank 0 prepares (and caches) the data first; the
+  // others then find it in the cache.
+  dist::leader_first("preparing the data", [&] {
+    if (base) {
+      PreparedData data = prepare_pretraining_data(cfg, say_early);
+      result.tokenizer_dir = data.tokenizer_dir;
+      result.data_description = data.description;
+      train_shards = data.train_shards;
+      val_shards = data.val_shards;
     } else {
-      PretrainConfig text_cfg = cfg;
-      text_cfg.tokenizer = result.tokenizer_dir;
-      PreparedData text = prepare_pretraining_data(text_cfg, say_early);
-      MidData mid = prepare_mid_data(cfg, chats, text, say_early);
-      train_shards = mid.train_shards;
-      val_shards = mid.val_shards;
-      result.data_description = chats.description + ", mixed with " +
-          text.description + " (" + fmt("%.0f", cfg.mid_text_ratio * 100) +
-          " % of the tokens)";
+      result.tokenizer_dir = init->tokenizer_dir;
+      ChatData chats = prepare_chat_data(
+          {.files = cfg.chat_data,
+           .data_dir = cfg.data_dir,
+           .max_seq_len = T,
+           .tokenizer_dir = result.tokenizer_dir},
+          say_early);
+      result.chat_val = chats.val;
+      if (sft) {
+        chat_train =
+            std::make_shared<data::ChatFile>(data::ChatFile::open(chats.train));
+        chat_val =
+            std::make_shared<data::ChatFile>(data::ChatFile::open(chats.val));
+        result.data_description = chats.description + "; " +
+            std::to_string(chat_train->size()) + " conversations, " +
+            std::to_string(chat_val->size()) + " held out; loss on answers";
+      } else {
+        PretrainConfig text_cfg = cfg;
+        text_cfg.tokenizer = result.tokenizer_dir;
+        PreparedData text = prepare_pretraining_data(text_cfg, say_early);
+        MidData mid = prepare_mid_data(cfg, chats, text, say_early);
+        train_shards = mid.train_shards;
+        val_shards = mid.val_shards;
+        result.data_description = chats.description + ", mixed with " +
+            text.description + " (" + fmt("%.0f", cfg.mid_text_ratio * 100) +
+            " % of the tokens)";
+      }
     }
-  }
+  });
   result.val_shards = val_shards;
   text::Tokenizer tok = text::load_tokenizer(result.tokenizer_dir);
 
@@ -376,7 +384,8 @@ TrainResult run_training(
         plan.budget,
         largest);
   }
-  const int64_t B = plan.choice->batch;
+  // Every rank takes the same micro-batch: the smallest any chose.
+  const int64_t B = dist::min_over_ranks(plan.choice->batch);
   mc.gradient_checkpointing = plan.choice->checkpointing;
   const std::string plan_line =
       std::string(plan.choice->fits ? "" : "Warning: ") +
@@ -384,18 +393,20 @@ TrainResult run_training(
       (plan.choice->fits ? ""
                          : ". Training starts anyway; if it runs out of memory "
                            "the micro-batch is lowered and the step redone.");
-  const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T);
+  const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T, world);
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir
       : runs::stage_run_dir(cfg.stage, cfg.run.empty() ? mc.tag() : cfg.run);
   // A run trained from an older version of its starting model is stale:
   // it is kept aside and trained anew.
-  if (init && cfg.resume == "auto")
+  if (init && cfg.resume == "auto" && dist::leader())
     if (auto moved = runs::set_aside_if_stale(
             result.run_dir, result.init_dir, cfg.stage);
         !moved.empty())
       say_early(moved);
-  fs::create_directories(result.run_dir);
+  if (dist::leader())
+    fs::create_directories(result.run_dir);
+  dist::barrier("creating the run folder");
   RunLog log(result.run_dir + "/train.log");
 
   torch::manual_seed(cfg.seed);
@@ -417,14 +428,24 @@ TrainResult run_training(
   const uint32_t pad_id = data::bos_id(tok);
   if (sft) {
     chat_loader = std::make_shared<data::ChatBatcher>(
-        *chat_train, B, T, cfg.pack, pad_id, true, uint64_t(cfg.seed));
+        *chat_train,
+        B,
+        T,
+        cfg.pack,
+        pad_id,
+        true,
+        uint64_t(cfg.seed),
+        rank,
+        world);
     windows_per_epoch = cfg.pack
         ? std::max<int64_t>(1, int64_t(chat_train->total_tokens()) / (T + 1))
         : int64_t(chat_train->size());
   } else {
+    // Rank r reads the r-th B of each world * B windows: together the
+    // ranks read what one process would in world micro-steps.
     train_loader = std::make_shared<data::TokenLoader>(
-        train_shards, B, T, /*shuffle=*/true, uint64_t(cfg.seed));
-    windows_per_epoch = int64_t(train_loader->steps_per_epoch()) * B;
+        train_shards, B, T, /*shuffle=*/true, uint64_t(cfg.seed), rank, world);
+    windows_per_epoch = int64_t(train_loader->steps_per_epoch()) * B * world;
     // Fewer rows when the validation split is small. Checked now, not
     // after training.
     eval_batch = std::min<int64_t>(
@@ -436,7 +457,7 @@ TrainResult run_training(
           " tokens; give more text or a shorter max_seq_len.");
   }
   const int64_t total =
-      resolve_num_steps(cfg, origins, windows_per_epoch, B * accum);
+      resolve_num_steps(cfg, origins, windows_per_epoch, B * accum * world);
   result.total = total;
 
   PretrainConfig resolved = cfg;
@@ -449,8 +470,9 @@ TrainResult run_training(
     resolved.num_iterations = total; // what auto (one epoch) came to
   if (!base)
     resolved.init = result.init_dir;
-  config::write_yaml(
-      result.run_dir + "/config.yaml", pretrain_schema(), &resolved, origins);
+  if (dist::leader())
+    config::write_yaml(
+        result.run_dir + "/config.yaml", pretrain_schema(), &resolved, origins);
 
   // Parameter groups: the blocks' matrices, the embedding, lm_head.
   NamedTensors matrices;
@@ -587,17 +609,19 @@ TrainResult run_training(
     log("Batch: " + std::to_string(micro) + " x " + std::to_string(T) +
         " tokens per micro-step" + (cfg.device_batch_size ? "" : " (auto)") +
         (mc.gradient_checkpointing ? ", gradient checkpointing" : "") + ", " +
-        std::to_string(steps_accum) + " accumulation step(s), " +
-        std::to_string(cfg.total_batch_size) + " tokens per step; " +
+        std::to_string(steps_accum) + " accumulation step(s)" +
+        (world > 1 ? " on each of " + std::to_string(world) + " processes"
+                   : "") +
+        ", " + std::to_string(cfg.total_batch_size) + " tokens per step; " +
         std::to_string(total) + " steps (" +
         fmt("%.2f",
-            double(total * B * accum) /
+            double(total * B * accum * world) /
                 double(std::max<int64_t>(1, windows_per_epoch))) +
         " epochs); run folder " + result.run_dir);
   }
   TrainerResult tr = trainer.run();
   copy_trainer_result(tr, result);
-  if (tr.interrupted || tr.already_done)
+  if (tr.interrupted || tr.already_done || !dist::leader())
     return result;
   for (const auto& [name, v] : tr.final_eval.metrics)
     if (name == "val_bpb")

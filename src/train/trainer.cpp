@@ -6,6 +6,7 @@
 #include "core/memory_stats.h"
 #include "core/progress.h"
 #include "core/torch_compat.h"
+#include "dist/world.h"
 #include "train/schedule.h"
 #include "train/train_state.h"
 
@@ -99,7 +100,10 @@ double number_or(
 
 } // namespace
 
-RunLog::RunLog(const std::string& path) : file_(path, std::ios::app) {}
+RunLog::RunLog(const std::string& path) {
+  if (dist::leader()) // with several processes, rank 0 alone writes
+    file_.open(path, std::ios::app);
+}
 
 void RunLog::operator()(const std::string& line) {
   std::printf("%s\n", line.c_str());
@@ -108,6 +112,8 @@ void RunLog::operator()(const std::string& line) {
 }
 
 void RunLog::file_only(const std::string& line) {
+  if (!file_.is_open())
+    return;
   file_ << line << "\n";
   file_.flush();
 }
@@ -141,16 +147,21 @@ int64_t Trainer::resume() {
   start_ = 0;
   std::optional<runs::Checkpoint> ckpt;
   if (opt_.resume == "auto") {
-    std::vector<std::string> skipped;
-    ckpt = runs::latest_checkpoint(
-        opt_.run_dir, &skipped, /*move_damaged_aside=*/true);
-    for (const auto& s : skipped)
-      log_("Warning: " + s);
+    // Rank 0 sets damaged checkpoints aside before the others look.
+    dist::leader_first("finding the newest checkpoint", [&] {
+      std::vector<std::string> skipped;
+      ckpt = runs::latest_checkpoint(
+          opt_.run_dir, &skipped, /*move_damaged_aside=*/dist::leader());
+      for (const auto& s : skipped)
+        log_("Warning: " + s);
+    });
   } else if (opt_.resume != "never") {
     ckpt = runs::load_checkpoint(opt_.resume);
   }
-  if (!ckpt)
+  if (!ckpt) {
+    same_weights_everywhere();
     return 0;
+  }
   torch::NoGradGuard no_grad;
   auto params = trained_parameters(*task_.model);
   for (auto& [key, value] : params) {
@@ -204,6 +215,7 @@ int64_t Trainer::resume() {
   seconds_ = number_or(ckpt->state, "train_seconds", 0);
   peak_memory_ = uint64_t(number_or(ckpt->state, "peak_memory_bytes", 0));
   start_ = ckpt->step;
+  same_weights_everywhere();
   log_(
       "Resuming from " + ckpt->dir + " (step " + std::to_string(ckpt->step) +
       " of " + std::to_string(opt_.total_steps) + ").");
@@ -235,7 +247,15 @@ void Trainer::with_eval_weights(const std::function<void()>& fn, bool raw) {
   fn();
 }
 
+void Trainer::same_weights_everywhere() {
+  std::vector<torch::Tensor> all = trained_tensors(*task_.model);
+  all.insert(all.end(), ema_.begin(), ema_.end());
+  dist::broadcast_from_leader(all);
+}
+
 void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
+  if (!dist::leader())
+    return; // rank 0 writes the checkpoints
   NamedTensors model_t, opt_t;
   auto params = trained_parameters(*task_.model);
   for (auto& [key, value] : params)
@@ -309,6 +329,17 @@ void Trainer::take_step(
     if (p.grad().defined())
       grads.push_back(p.grad());
   torch::NoGradGuard no_grad;
+  if (dist::active()) {
+    // Several processes: the mean gradient and loss over the ranks, and
+    // whether any rank was asked to stop (all stop after the same step).
+    auto stop =
+        torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f, loss_sum.options());
+    std::vector<torch::Tensor> shared = grads;
+    shared.push_back(loss_sum);
+    shared.push_back(stop);
+    dist::all_reduce_mean(shared);
+    stop_agreed_ = stop.item<float>() > 0;
+  }
   if (scale != 1.0)
     for (auto& g : grads)
       g.mul_(1.0 / scale);
@@ -392,7 +423,12 @@ TrainerResult Trainer::run() {
     return result;
   }
   task_.model->train();
-  MetricsWriter metrics(opt_.run_dir + "/metrics.jsonl", start);
+  // With several processes rank 0 alone evaluates, samples and writes; the
+  // others go on to the next step's collective and wait for it there.
+  const bool leader = dist::leader();
+  std::optional<MetricsWriter> metrics;
+  if (leader)
+    metrics.emplace(opt_.run_dir + "/metrics.jsonl", start);
   SignalGuard signals;
   ProgressLine progress;
   EvalResult last_eval;
@@ -400,6 +436,8 @@ TrainerResult Trainer::run() {
   const double peak_lr =
       optimizers_.groups().empty() ? 0.0 : optimizers_.groups().front().lr;
   auto evaluate = [&](int64_t done) {
+    if (!leader)
+      return;
     const double t0 = now_s();
     with_eval_weights([&] { last_eval = task_.evaluate(); });
     if (task_.evaluate_raw_too && !ema_.empty()) {
@@ -419,7 +457,7 @@ TrainerResult Trainer::run() {
         {"step", double(done)}, {"val_loss", last_eval.loss}};
     for (const auto& [name, v] : last_eval.metrics)
       row[name] = v;
-    metrics.write(row);
+    metrics->write(row);
   };
   for (int64_t step = start; step < opt_.total_steps; ++step) {
     const double t0 = now_s();
@@ -435,6 +473,15 @@ TrainerResult Trainer::run() {
         if (!is_out_of_memory(e))
           throw;
         progress.finish();
+        if (dist::active()) // the ranks' batches must stay in step
+          throw UserError(
+              "out of memory at step " + std::to_string(step + 1) +
+              " on rank " + std::to_string(dist::rank()) +
+              " with device_batch_size=" + std::to_string(opt_.micro_batch) +
+              "; with several processes the micro-batch is not lowered "
+              "on the fly. Run again with a smaller device_batch_size (the "
+              "checkpoints in " +
+              opt_.run_dir + "/checkpoints are intact).");
         recover_from_oom(step, data_at_start, e.what_without_backtrace());
       }
     }
@@ -505,30 +552,33 @@ TrainerResult Trainer::run() {
       row["loss_scale"] = scaler_.scale();
     for (const auto& [k, v] : extra)
       row.emplace(k, v);
-    metrics.write(row);
+    if (leader)
+      metrics->write(row);
     const bool last = done == opt_.total_steps;
-    if (opt_.eval_every > 0 && done % opt_.eval_every == 0 && !last) {
+    if (leader && opt_.eval_every > 0 && done % opt_.eval_every == 0 && !last) {
       evaluate(done);
       progress.message(
           "step " + std::to_string(done) + ": " + last_eval.summary);
       log_.file_only("step " + std::to_string(done) + ": " + last_eval.summary);
     }
-    if (task_.sample && opt_.sample_every > 0 &&
+    if (leader && task_.sample && opt_.sample_every > 0 &&
         done % opt_.sample_every == 0 && !last) {
       progress.finish();
       const double t0 = now_s();
       with_eval_weights([&] { task_.sample(done); });
       seconds_ += now_s() - t0;
     }
-    const bool stop = g_stop_signal != 0;
+    const bool stop = dist::active() ? stop_agreed_ : g_stop_signal != 0;
     if ((opt_.save_every > 0 && done % opt_.save_every == 0 && !last) || stop)
       save(done, false, nullptr);
     if (stop) {
       progress.finish();
       log_(
           std::string("Stopped by ") +
-          (g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
-          std::to_string(done) +
+          (g_stop_signal == SIGINT        ? "SIGINT"
+               : g_stop_signal == SIGTERM ? "SIGTERM"
+                                          : "a signal to another rank") +
+          " after step " + std::to_string(done) +
           "; saved a checkpoint. Run the same command again to resume from "
           "step " +
           std::to_string(done) + ".");

@@ -149,6 +149,8 @@ class Trainer {
 
  private:
   void save(int64_t step, bool complete, const EvalResult* eval);
+  // With several processes: rank 0's weights (and EMA) on every rank.
+  void same_weights_everywhere();
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
   // After an out-of-memory error in step `step`: frees the caches, lowers
   // the micro-batch to its largest proper divisor (half, when even) and
@@ -177,6 +179,7 @@ class Trainer {
   double seconds_ = 0;       // in steps, carried across resumes
   uint64_t peak_memory_ = 0; // the highest of every part of the run
   std::string last_checkpoint_;
+  bool stop_agreed_ = false; // several processes: some rank was signalled
 };
 
 } // namespace orchard::train

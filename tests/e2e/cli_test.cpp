@@ -202,9 +202,9 @@ TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
   }
 }
 
-// WORLD_SIZE is checked everywhere, but only training refuses several
-// processes (two processes would train into one run folder).
-TEST(Cli, SeveralProcessesAreRefusedForTrainingOnly) {
+// WORLD_SIZE is checked everywhere, but only training reads the rest of
+// torchrun's variables: a half-set launch is refused before anything runs.
+TEST(Cli, AHalfSetLaunchIsRefusedForTrainingOnly) {
   auto r = run_orchard({"doctor", "--device", "cpu"}, {{"WORLD_SIZE", "2"}});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   r = run_orchard({"doctor", "--device", "cpu"}, {{"WORLD_SIZE", "two"}});
@@ -215,7 +215,8 @@ TEST(Cli, SeveralProcessesAreRefusedForTrainingOnly) {
     r = run_orchard(
         {command, "--device", "cpu"}, {{"WORLD_SIZE", "2"}}, cwd.path());
     EXPECT_EQ(r.exit_code, 2) << command << ": " << r.out << r.err;
-    EXPECT_TRUE(contains(r.err, "does not train with several processes"))
+    EXPECT_TRUE(contains(r.err, "RANK is not set")) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "orchard launch --nproc-per-node"))
         << command << ": " << r.err;
   }
 }

@@ -1,0 +1,290 @@
+// `orchard launch --nproc-per-node N [--nnodes M --node-rank R
+// --master-addr A --master-port P] -- train ...`: starts N copies of
+// orchard on this node with torchrun's variables (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT),
+// forwards SIGINT/SIGTERM to them, prefixes each rank's stderr with its
+// rank, and when one fails stops the others (SIGTERM, then SIGKILL after a
+// grace period) and exits with the failed rank's code.
+#include "cli/common.h"
+#include "core/error.h"
+#include "core/version.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace orchard::cli {
+namespace {
+
+// Seconds the other ranks get to stop after SIGTERM before SIGKILL.
+constexpr int kGraceSeconds = 20;
+
+volatile std::sig_atomic_t g_forward = 0; // a signal to pass on
+
+extern "C" void on_launch_signal(int sig) {
+  g_forward = sig;
+}
+
+struct Settings {
+  int nproc = 1, nnodes = 1, node_rank = 0, master_port = 29500;
+  std::string master_addr = "127.0.0.1";
+  std::vector<std::string> command;
+};
+
+struct Child {
+  pid_t pid = -1;
+  int rank = 0;
+  int err_fd = -1;     // read end of its stderr
+  std::string partial; // stderr text after the last newline
+  bool running = true;
+};
+
+// The binary to start: this one.
+std::string self_path() {
+#if defined(__linux__)
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0)
+    return std::string(buf, size_t(n));
+#endif
+  return program_name();
+}
+
+pid_t start_rank(
+    const Settings& s,
+    int local_rank,
+    const std::string& exe,
+    int& err_fd) {
+  int fds[2];
+  if (::pipe(fds) != 0)
+    throw UserError(
+        std::string("orchard launch: cannot make a pipe: ") +
+        std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0)
+    throw UserError(
+        std::string("orchard launch: cannot start a process: ") +
+        std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(fds[1], STDERR_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    const int world = s.nnodes * s.nproc;
+    const int rank = s.node_rank * s.nproc + local_rank;
+    auto set = [](const char* k, const std::string& v) {
+      ::setenv(k, v.c_str(), 1);
+    };
+    set("RANK", std::to_string(rank));
+    set("LOCAL_RANK", std::to_string(local_rank));
+    set("WORLD_SIZE", std::to_string(world));
+    set("LOCAL_WORLD_SIZE", std::to_string(s.nproc));
+    set("GROUP_RANK", std::to_string(s.node_rank));
+    set("MASTER_ADDR", s.master_addr);
+    set("MASTER_PORT", std::to_string(s.master_port));
+    ::unsetenv("TORCHELASTIC_USE_AGENT_STORE"); // rank 0 serves the store
+    std::vector<std::string> args = {exe};
+    args.insert(args.end(), s.command.begin(), s.command.end());
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    std::fprintf(
+        stderr, "cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  err_fd = fds[0];
+  return pid;
+}
+
+// Copies what a rank wrote to stderr, each line prefixed with its rank.
+void drain(Child& c, bool flush_partial) {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(c.err_fd, buf, sizeof buf);
+    if (n <= 0)
+      break;
+    c.partial.append(buf, size_t(n));
+  }
+  size_t nl;
+  while ((nl = c.partial.find('\n')) != std::string::npos) {
+    std::fprintf(
+        stderr, "[rank %d] %s\n", c.rank, c.partial.substr(0, nl).c_str());
+    c.partial.erase(0, nl + 1);
+  }
+  if (flush_partial && !c.partial.empty()) {
+    std::fprintf(stderr, "[rank %d] %s\n", c.rank, c.partial.c_str());
+    c.partial.clear();
+  }
+  std::fflush(stderr);
+}
+
+std::string how_it_ended(int status) {
+  if (WIFEXITED(status))
+    return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return std::string("was killed by signal ") +
+        std::to_string(WTERMSIG(status)) + " (" +
+        ::strsignal(WTERMSIG(status)) + ")";
+  return "ended";
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status);
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int run_launch(const Settings& s) {
+  if (s.command.empty())
+    throw UserError(
+        "orchard launch needs the command to run after `--`, e.g. `orchard "
+        "launch --nproc-per-node 2 -- train --preset quick`.");
+  if (s.command.front() != "train" && s.command.front() != "pipeline")
+    throw UserError(
+        "orchard launch starts training commands (train, pipeline), not '" +
+        s.command.front() + "'.");
+  if (s.node_rank >= s.nnodes)
+    throw UserError(
+        "--node-rank " + std::to_string(s.node_rank) +
+        " is not below "
+        "--nnodes " +
+        std::to_string(s.nnodes) + ": number the nodes 0 to " +
+        std::to_string(s.nnodes - 1) + ".");
+  if (s.nnodes > 1 && s.master_addr == "127.0.0.1")
+    throw UserError(
+        "--nnodes " + std::to_string(s.nnodes) +
+        " needs --master-addr: the "
+        "host name or address of node 0, the same on every node.");
+  const std::string exe = self_path();
+  std::printf(
+      "orchard launch: %d process(es) on this node (node %d of %d, %d in "
+      "all), rendezvous at %s:%d\n",
+      s.nproc,
+      s.node_rank,
+      s.nnodes,
+      s.nproc * s.nnodes,
+      s.master_addr.c_str(),
+      s.master_port);
+  std::fflush(stdout);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_launch_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {
+  }, old_term{};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<Child> children(size_t(s.nproc));
+  for (int i = 0; i < s.nproc; ++i) {
+    children[size_t(i)].rank = s.node_rank * s.nproc + i;
+    children[size_t(i)].pid = start_rank(s, i, exe, children[size_t(i)].err_fd);
+  }
+  int result = 0;
+  std::string failure; // the first rank that failed, and how
+  time_t kill_at = 0;  // SIGKILL the rest after this time
+  int running = s.nproc;
+  auto stop_others = [&](int sig) {
+    for (auto& c : children)
+      if (c.running)
+        ::kill(c.pid, sig);
+  };
+  while (running > 0) {
+    if (g_forward) {
+      const int sig = g_forward;
+      g_forward = 0;
+      stop_others(sig); // each saves a checkpoint and exits (rank 0 writes)
+    }
+    std::vector<pollfd> fds;
+    for (auto& c : children)
+      if (c.err_fd >= 0)
+        fds.push_back({c.err_fd, POLLIN, 0});
+    ::poll(fds.data(), nfds_t(fds.size()), 200);
+    for (auto& c : children)
+      if (c.err_fd >= 0)
+        drain(c, false);
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& c : children) {
+        if (c.pid != pid || !c.running)
+          continue;
+        c.running = false;
+        --running;
+        drain(c, true);
+        ::close(c.err_fd);
+        c.err_fd = -1;
+        const int code = exit_code_of(status);
+        if (code != 0 && failure.empty()) {
+          failure =
+              "rank " + std::to_string(c.rank) + " " + how_it_ended(status);
+          result = code;
+          if (running > 0) {
+            std::fprintf(
+                stderr,
+                "orchard launch: %s; stopping the other rank(s).\n",
+                failure.c_str());
+            stop_others(SIGTERM);
+            kill_at = std::time(nullptr) + kGraceSeconds;
+          }
+        }
+      }
+    }
+    if (kill_at && std::time(nullptr) >= kill_at) {
+      stop_others(SIGKILL);
+      kill_at = 0;
+    }
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  if (!failure.empty())
+    std::fprintf(
+        stderr,
+        "orchard launch: %s (its error is above, marked [rank N]).\n",
+        failure.c_str());
+  return result;
+}
+
+} // namespace
+
+Command register_launch(CLI::App& root) {
+  auto st = std::make_shared<Settings>();
+  CLI::App* app = root.add_subcommand(
+      "launch",
+      "Start several training processes on this node (data-parallel, "
+      "torchrun's variables): orchard launch --nproc-per-node 2 -- train ...");
+  app->add_option(
+         "--nproc-per-node", st->nproc, "processes on this node (one per GPU)")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--nnodes", st->nnodes, "nodes in all (default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_option("--node-rank", st->node_rank, "this node's number, from 0")
+      ->check(CLI::Range(0, 1 << 16));
+  app->add_option(
+      "--master-addr",
+      st->master_addr,
+      "host of node 0, where rank 0 serves the rendezvous (default "
+      "127.0.0.1)");
+  app->add_option("--master-port", st->master_port, "its port (default 29500)")
+      ->check(CLI::Range(1, 65535));
+  app->add_option(
+      "command", st->command, "the orchard command to run, after `--`");
+  return {app, [st] { return run_launch(*st); }};
+}
+
+} // namespace orchard::cli

@@ -1,0 +1,152 @@
+#include "dist/launch_env.h"
+
+#include "core/error.h"
+
+#include <cstdlib>
+
+namespace orchard::dist {
+namespace {
+
+// A whole non-negative number in `text`, else nullopt.
+std::optional<long> whole_number(const std::string& text) {
+  if (text.empty() || text.size() > 9)
+    return std::nullopt;
+  for (char c : text)
+    if (c < '0' || c > '9')
+      return std::nullopt;
+  return std::strtol(text.c_str(), nullptr, 10);
+}
+
+struct Reader {
+  const EnvGet& env;
+  std::string fix; // how to set the variables right, for every message
+
+  std::optional<std::string> get(const std::string& name) const {
+    auto v = env(name);
+    if (v && v->empty())
+      return std::nullopt;
+    return v;
+  }
+  int number(const std::string& name, long min, long max) const {
+    auto v = get(name);
+    if (!v)
+      throw UserError(name + " is not set. " + fix);
+    auto n = whole_number(*v);
+    if (!n || *n < min || *n > max)
+      throw UserError(
+          name + "='" + *v + "' is not a number from " + std::to_string(min) +
+          " to " + std::to_string(max) + ". " + fix);
+    return int(*n);
+  }
+  int number_or(const std::string& name, int fallback, long min, long max)
+      const {
+    return get(name) ? number(name, min, max) : fallback;
+  }
+};
+
+constexpr const char* kTorchrunFix =
+    "Start the processes with `orchard launch --nproc-per-node N -- train "
+    "...` or `torchrun --nproc-per-node N --no-python orchard train ...`, "
+    "which set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; "
+    "or unset WORLD_SIZE to train in one process.";
+constexpr const char* kSlurmFix =
+    "Under Slurm, start one task per GPU with srun (SLURM_PROCID, "
+    "SLURM_NTASKS, SLURM_LOCALID), or set torchrun's variables yourself.";
+
+} // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // The first entry ends at a comma outside brackets.
+  std::string first;
+  int depth = 0;
+  for (char c : nodelist) {
+    if (c == ',' && depth == 0)
+      break;
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    first += c;
+  }
+  auto open = first.find('[');
+  if (open == std::string::npos)
+    return first;
+  // prefix[01-04,07]suffix: the first number of the range, as written.
+  std::string inside = first.substr(open + 1, first.find(']') - open - 1);
+  std::string lowest = inside.substr(0, inside.find_first_of(",-"));
+  auto close = first.find(']');
+  std::string suffix =
+      close == std::string::npos ? "" : first.substr(close + 1);
+  return first.substr(0, open) + lowest + suffix;
+}
+
+LaunchEnv read_launch_env(const EnvGet& env) {
+  LaunchEnv e;
+  Reader torchrun{env, kTorchrunFix};
+  Reader slurm{env, kSlurmFix};
+  const bool has_world = torchrun.get("WORLD_SIZE").has_value();
+  const bool slurm_tasks = !has_world && slurm.get("SLURM_PROCID") &&
+      slurm.get("SLURM_NTASKS") && slurm.number("SLURM_NTASKS", 1, 1 << 20) > 1;
+  if (has_world) {
+    e.world = torchrun.number("WORLD_SIZE", 1, 1 << 20);
+    if (e.world == 1)
+      return e;
+    e.launcher = "torchrun";
+    e.rank = torchrun.number("RANK", 0, e.world - 1);
+    e.local_rank = torchrun.number_or("LOCAL_RANK", 0, 0, e.world - 1);
+    e.local_world = torchrun.number_or("LOCAL_WORLD_SIZE", 1, 1, e.world);
+    e.node_rank = torchrun.number_or("GROUP_RANK", 0, 0, e.world - 1);
+    auto addr = torchrun.get("MASTER_ADDR");
+    if (!addr)
+      throw UserError(
+          "MASTER_ADDR is not set: rank " + std::to_string(e.rank) + " of " +
+          std::to_string(e.world) +
+          " does not know where rank 0 waits for the others. " + kTorchrunFix);
+    e.master_addr = *addr;
+    e.master_port = torchrun.number("MASTER_PORT", 1, 65535);
+    e.agent_store = torchrun.get("TORCHELASTIC_USE_AGENT_STORE") == "True";
+    e.restart_count =
+        torchrun.number_or("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 20);
+  } else if (slurm_tasks) {
+    e.launcher = "slurm";
+    e.world = slurm.number("SLURM_NTASKS", 2, 1 << 20);
+    e.rank = slurm.number("SLURM_PROCID", 0, e.world - 1);
+    e.local_rank = slurm.number_or("SLURM_LOCALID", 0, 0, e.world - 1);
+    e.node_rank = slurm.number_or("SLURM_NODEID", 0, 0, e.world - 1);
+    // SLURM_TASKS_PER_NODE reads "4(x2)" for 4 tasks on each of 2 nodes.
+    std::string per_node =
+        slurm.get("SLURM_NTASKS_PER_NODE")
+            .value_or(slurm.get("SLURM_TASKS_PER_NODE").value_or(""));
+    per_node = per_node.substr(0, per_node.find_first_of("(,"));
+    auto n = whole_number(per_node);
+    e.local_world = n && *n >= 1 ? int(*n) : 1;
+    if (auto addr = slurm.get("MASTER_ADDR")) {
+      e.master_addr = *addr;
+    } else if (auto nodes = slurm.get("SLURM_JOB_NODELIST")) {
+      e.master_addr = first_slurm_host(*nodes);
+    } else {
+      throw UserError(
+          "neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: rank " +
+          std::to_string(e.rank) +
+          " cannot find rank 0. Set MASTER_ADDR to the first node's host "
+          "name. " +
+          kSlurmFix);
+    }
+    e.master_port = slurm.number_or("MASTER_PORT", 29500, 1, 65535);
+  }
+  return e;
+}
+
+LaunchEnv read_launch_env() {
+  return read_launch_env([](const std::string& name) {
+    const char* v = std::getenv(name.c_str());
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  });
+}
+
+std::string LaunchEnv::describe() const {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(world) +
+      " (local " + std::to_string(local_rank) + " of " +
+      std::to_string(local_world) + ", node " + std::to_string(node_rank) +
+      "), rendezvous at " + master_addr + ":" + std::to_string(master_port) +
+      (agent_store ? " (torchrun's store)" : "");
+}
+
+} // namespace orchard::dist

@@ -1,0 +1,52 @@
+// Who this process is in a multi-process run, read from the variables the
+// launchers set: torchrun's (and `orchard launch`'s, which sets the same),
+// then Slurm's as fallbacks.
+//
+// torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR, MASTER_PORT; with TORCHELASTIC_USE_AGENT_STORE=True the
+// agent already serves the store at MASTER_ADDR:MASTER_PORT, every rank
+// (rank 0 too) connects as a client and the keys are prefixed with
+// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>".
+// Slurm (srun, one task per GPU): SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE,
+// MASTER_ADDR from the first host of SLURM_JOB_NODELIST when unset,
+// MASTER_PORT 29500 when unset.
+//
+// No torch here: the parsing is tested on its own.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace orchard::dist {
+
+struct LaunchEnv {
+  int rank = 0, world = 1;
+  int local_rank = 0, local_world = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  bool agent_store = false; // torchrun's agent serves the store
+  int restart_count = 0;
+  std::string launcher; // "torchrun" (any launcher setting its variables),
+                        // "slurm", or "" for a single process
+  bool multi() const {
+    return world > 1;
+  }
+  // "rank 1 of 4 (local 1 of 2, node 0), rendezvous at host:29500"
+  std::string describe() const;
+};
+
+using EnvGet = std::function<std::optional<std::string>(const std::string&)>;
+
+// The process's launch (UserError naming the variable and the fix for a
+// missing or malformed one). A single process when neither torchrun's nor
+// Slurm's multi-task variables are set.
+LaunchEnv read_launch_env(const EnvGet& env);
+LaunchEnv read_launch_env(); // from the process's environment
+
+// The first host of a Slurm node list: "gpu[01-04,07],cpu3" -> "gpu01".
+std::string first_slurm_host(const std::string& nodelist);
+
+} // namespace orchard::dist

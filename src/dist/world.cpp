@@ -1,0 +1,334 @@
+// Built without the precompiled header (CMakeLists.txt), so that
+// torch_compat.h's c10d section is seen.
+#define ORCHARD_C10D_COMPAT
+#include "core/torch_compat.h"
+
+#include "dist/world.h"
+
+#include "core/error.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+// Gloo: where libtorch was built with it and its headers are installed
+// (Debian: libgloo-dev; PyTorch 2.x's wheel defines USE_C10D_GLOO but ships
+// no Gloo headers). NCCL: CUDA builds of libtorch.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/config.h>)
+#define ORCHARD_HAVE_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#if defined(ORCHARD_HAVE_GLOO) || defined(USE_C10D_NCCL)
+#define ORCHARD_HAVE_C10D 1
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+
+namespace orchard::dist {
+namespace {
+
+// How long a rank waits for the others at the rendezvous.
+constexpr std::chrono::seconds kRendezvousTimeout{300};
+// Values per all-reduce bucket (64 MiB of float32).
+constexpr int64_t kBucketValues = int64_t(16) << 20;
+
+struct World {
+  LaunchEnv env;
+  torch::Device device{torch::kCPU};
+  bool joined = false;
+  std::string backend;
+#if defined(ORCHARD_HAVE_C10D)
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::CollectiveGroup> group;
+#endif
+};
+
+World& world() {
+  static World w;
+  return w;
+}
+
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+// An exception's first line, without c10's backtrace.
+std::string why_of(const std::exception& e) {
+  if (auto* c10 = dynamic_cast<const c10::Error*>(&e))
+    return first_line(c10->what_without_backtrace());
+  return first_line(e.what());
+}
+
+// Runs a collective; a broken group (a rank died, the network failed)
+// becomes a message saying so.
+template <class F>
+void collective(const std::string& what, F&& fn) {
+  try {
+    fn();
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) { // c10::Error, or c10d's socket errors
+    throw UserError(
+        "rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
+        ": " + what + " failed (" + why_of(e) +
+        "). Another rank most likely stopped (its error is printed above), "
+        "or the network between the ranks broke. Checkpoints already "
+        "written are intact: run the same launch again to resume.");
+  }
+}
+
+// Tensors grouped by dtype and device, in order, cut into buckets.
+std::vector<std::vector<torch::Tensor>> buckets_of(
+    const std::vector<torch::Tensor>& tensors) {
+  std::vector<std::vector<torch::Tensor>> out;
+  std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
+  std::vector<int64_t> filled;
+  for (const auto& t : tensors) {
+    if (!t.defined())
+      continue;
+    auto kind = std::pair{int(t.scalar_type()), t.device().str()};
+    auto it = open.find(kind);
+    if (it == open.end() || filled[it->second] + t.numel() > kBucketValues) {
+      out.emplace_back();
+      filled.push_back(0);
+      it = open.insert_or_assign(kind, out.size() - 1).first;
+    }
+    out[it->second].push_back(t);
+    filled[it->second] += t.numel();
+  }
+  return out;
+}
+
+#if defined(ORCHARD_HAVE_C10D)
+// Runs `op` on one flat tensor holding the bucket, then copies the result
+// back into the bucket's tensors.
+template <class Op>
+void on_flat(const std::vector<torch::Tensor>& bucket, Op&& op) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat_parts;
+  for (const auto& t : bucket)
+    flat_parts.push_back(t.reshape({-1}));
+  std::vector<torch::Tensor> flat = {torch::cat(flat_parts)};
+  op(flat);
+  int64_t at = 0;
+  for (const auto& t : bucket) {
+    t.copy_(flat[0].narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env) {
+  c10d::TCPStoreOptions o;
+  o.port = uint16_t(env.master_port);
+  o.isServer = env.rank == 0 && !env.agent_store;
+  o.timeout = kRendezvousTimeout;
+  // Every rank waits until all have connected (as Python's
+  // init_process_group does).
+  o.numWorkers = size_t(env.world);
+  o.waitWorkers = true;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+  } catch (const std::exception& e) { // c10::Error, or socket errors
+    const std::string why = why_of(e);
+    const std::string where =
+        env.master_addr + ":" + std::to_string(env.master_port);
+    if (o.isServer &&
+        (why.find("in use") != std::string::npos ||
+         why.find("failed to listen") != std::string::npos ||
+         why.find("failed to bind") != std::string::npos))
+      throw UserError(
+          "rank 0 cannot serve the rendezvous at " + where + " (" + why +
+          "): the port is taken, most likely by another run. Pick a free "
+          "port: MASTER_PORT=29501 (or `orchard launch --master-port "
+          "29501`).");
+    throw UserError(
+        "rank " + std::to_string(env.rank) +
+        " could not join the rendezvous "
+        "at " +
+        where + " within " + std::to_string(kRendezvousTimeout.count()) +
+        " s (" + why +
+        "). Check that every rank was started with the same MASTER_ADDR, "
+        "MASTER_PORT and WORLD_SIZE, that rank 0 is running (its error, if "
+        "any, is above) and that the port is reachable from this host.");
+  }
+  if (env.agent_store)
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env.restart_count), store);
+  return c10::make_intrusive<c10d::PrefixStore>("orchard", store);
+}
+#endif
+
+} // namespace
+
+std::pair<bool, std::string> backend_for(const std::string& device_type) {
+  if (device_type == "cpu") {
+#if defined(ORCHARD_HAVE_GLOO)
+    return {true, "Gloo"};
+#else
+    return {
+        false,
+        "this build of Orchard has no Gloo (libtorch without it, or its "
+        "headers missing: on Debian `apt install libgloo-dev`, then "
+        "./orchard.sh build)"};
+#endif
+  }
+  if (device_type == "cuda") {
+#if defined(USE_C10D_NCCL)
+    return {true, "NCCL"};
+#else
+    return {false, "this libtorch was built without NCCL"};
+#endif
+  }
+  if (device_type == "mps")
+    return {false, "PyTorch has no collective backend for Apple GPUs"};
+  return {false, "no collective backend serves " + device_type};
+}
+
+void init(const LaunchEnv& env, const torch::Device& device) {
+  World& w = world();
+  if (!env.multi() || w.joined)
+    return;
+  auto [ok, backend] = backend_for(device.is_cuda() ? "cuda" : device.str());
+  if (!ok)
+    throw UserError(
+        "WORLD_SIZE=" + std::to_string(env.world) + " on " + device.str() +
+        ": " + backend + ". Run a single process (unset WORLD_SIZE).");
+#if defined(ORCHARD_HAVE_C10D)
+  w.env = env;
+  w.device = device;
+  w.backend = backend;
+  w.store = rendezvous(env);
+  collective("joining the " + backend + " process group", [&] {
+#if defined(USE_C10D_NCCL)
+    if (device.is_cuda()) {
+      c10::cuda::set_device(device.index());
+      w.group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          w.store, env.rank, env.world);
+      return;
+    }
+#endif
+#if defined(ORCHARD_HAVE_GLOO)
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    // One host: loopback, whatever the host name resolves to.
+    opts->devices.push_back(
+        env.local_world == env.world
+            ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+            : c10d::ProcessGroupGloo::createDefaultDevice());
+    w.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        w.store, env.rank, env.world, opts);
+#endif
+  });
+  w.joined = true;
+  // Everyone is here: the first collective proves the group works.
+  barrier("the first collective");
+  if (env.rank != 0) {
+    std::fflush(stdout);
+    if (!std::freopen("/dev/null", "w", stdout))
+      throw UserError(
+          "rank " + std::to_string(env.rank) +
+          " could not silence its output (/dev/null)");
+  }
+#endif
+}
+
+bool active() {
+  return world().joined;
+}
+
+int rank() {
+  return world().joined ? world().env.rank : 0;
+}
+
+int size() {
+  return world().joined ? world().env.world : 1;
+}
+
+const LaunchEnv& launch() {
+  return world().env;
+}
+
+void all_reduce_mean(const std::vector<torch::Tensor>& tensors) {
+  if (!active())
+    return;
+#if defined(ORCHARD_HAVE_C10D)
+  const double n = double(size());
+  for (const auto& bucket : buckets_of(tensors))
+    on_flat(bucket, [&](std::vector<torch::Tensor>& flat) {
+      collective("averaging gradients", [&] {
+        world().group->allreduce(flat)->wait();
+      });
+      flat[0].div_(n);
+    });
+#endif
+}
+
+void all_reduce_sum(const torch::Tensor& tensor) {
+  if (!active())
+    return;
+#if defined(ORCHARD_HAVE_C10D)
+  on_flat({tensor}, [&](std::vector<torch::Tensor>& flat) {
+    collective("a sum over the ranks", [&] {
+      world().group->allreduce(flat)->wait();
+    });
+  });
+#endif
+}
+
+int64_t min_over_ranks(int64_t value) {
+  if (!active())
+    return value;
+  // Each rank's value in its own slot of a sum (Gloo and NCCL both sum).
+  auto slots =
+      torch::zeros({size()}, torch::TensorOptions().dtype(torch::kFloat64));
+  slots[rank()] = double(value);
+  slots = slots.to(world().device);
+  all_reduce_sum(slots);
+  return int64_t(slots.min().item<double>());
+}
+
+void broadcast_from_leader(const std::vector<torch::Tensor>& tensors) {
+  if (!active())
+    return;
+#if defined(ORCHARD_HAVE_C10D)
+  for (const auto& bucket : buckets_of(tensors))
+    on_flat(bucket, [&](std::vector<torch::Tensor>& flat) {
+      collective("sending rank 0's weights", [&] {
+        world().group->broadcast(flat)->wait();
+      });
+    });
+#endif
+}
+
+void barrier(const std::string& what) {
+  if (!active())
+    return;
+  // A one-value all-reduce read back on the host: the same on every
+  // backend, and it really waits (c10d's barrier on NCCL need not).
+  auto one = torch::ones({1}, torch::TensorOptions().device(world().device));
+#if defined(ORCHARD_HAVE_C10D)
+  std::vector<torch::Tensor> v = {one};
+  collective("waiting for every rank at " + what, [&] {
+    world().group->allreduce(v)->wait();
+  });
+#endif
+  if (one.item<float>() != float(size()))
+    throw UserError(
+        "the ranks disagree at " + what + ": a sum of ones came to " +
+        std::to_string(one.item<float>()) + ", not " + std::to_string(size()) +
+        ".");
+}
+
+void leader_first(const std::string& what, const std::function<void()>& fn) {
+  if (leader())
+    fn();
+  barrier(what);
+  if (!leader())
+    fn();
+}
+
+} // namespace orchard::dist

@@ -1,0 +1,57 @@
+// The process group of a multi-process run, on PyTorch's c10d: a TCPStore
+// rendezvous (rank 0 serves it, or torchrun's agent does), then Gloo on the
+// CPU or NCCL on CUDA. One per process; every function here is a no-op (or
+// the identity) in a single-process run, so the training code calls them
+// unconditionally.
+//
+// Builds without c10d (a libtorch without Gloo headers and without NCCL)
+// compile this file too: init() then refuses a multi-process run with a
+// clear message.
+#pragma once
+
+#include "dist/launch_env.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace orchard::dist {
+
+// Joins the process group `env` describes, with the collective backend for
+// `device` (NCCL for CUDA, Gloo for the CPU). UserError when the rendezvous
+// fails (port in use, rank 0 unreachable within the timeout) or no backend
+// serves that device in this build. Ranks other than 0 print nothing to
+// stdout from here on (their errors still reach stderr).
+void init(const LaunchEnv& env, const torch::Device& device);
+// Whether this build can run several processes on `device_type`
+// ("cpu", "cuda"), and the backend's name ("Gloo", "NCCL") or why not.
+std::pair<bool, std::string> backend_for(const std::string& device_type);
+
+bool active(); // joined a group of more than one process
+int rank();    // 0 in a single process
+int size();    // 1 in a single process
+// Rank 0: the process that writes logs, metrics, checkpoints and reports.
+inline bool leader() {
+  return rank() == 0;
+}
+const LaunchEnv& launch();
+
+// The mean over the ranks of each tensor, in place (flattened into buckets
+// of one dtype, all-reduced, divided by the world size).
+void all_reduce_mean(const std::vector<torch::Tensor>& tensors);
+// The sum over the ranks, in place.
+void all_reduce_sum(const torch::Tensor& tensor);
+// The smallest of every rank's `value` (device_batch_size=auto: all ranks
+// take the same micro-batch).
+int64_t min_over_ranks(int64_t value);
+// Rank 0's values into every rank's tensors, in place.
+void broadcast_from_leader(const std::vector<torch::Tensor>& tensors);
+// Waits for every rank; `what` names the point in messages.
+void barrier(const std::string& what);
+// Runs `fn` on rank 0, then (after a barrier) on the others: preparing a
+// cache every rank then reads.
+void leader_first(const std::string& what, const std::function<void()>& fn);
+
+} // namespace orchard::dist

@@ -1,0 +1,270 @@
+// Several processes on c10d (Gloo on loopback, src/dist): `orchard launch`
+// with two ranks trains the same weights as one process with the same total
+// batch; killing one rank stops the other with a message naming it, and a
+// relaunch resumes exactly; bad launches get a clear message and a non-zero
+// exit. Skipped where this build has no Gloo (dist::backend_for says why).
+#include "core/safetensors.h"
+#include "dist/world.h"
+#include "runs/checkpoint.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace orchard {
+namespace {
+
+using test::TempDir;
+
+#define REQUIRE_GLOO()                                         \
+  do {                                                         \
+    auto [ok, why] = dist::backend_for("cpu");                 \
+    if (!ok)                                                   \
+      GTEST_SKIP() << "no multi-process CPU backend: " << why; \
+  } while (0)
+
+// A port nothing listens on now (bound, read, released).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+struct Corpus {
+  TempDir dir;
+  std::map<std::string, std::string> env;
+  Corpus() {
+    std::string jsonl;
+    for (int i = 0; i < 400; ++i)
+      jsonl += "{\"text\": \"Document " + std::to_string(i) +
+          ": the quick brown fox jumps over the lazy dog while numbers " +
+          std::to_string(i * 7919 % 1000) + " go by.\"}\n";
+    dir.write("corpus/a.jsonl", jsonl);
+    env = {{"ORCHARD_HOME", dir.file("home")}, {"OMP_NUM_THREADS", "1"}};
+  }
+  // 256 tokens a step: 2 sequences of 32 a micro-step, 4 micro-steps in
+  // one process, 2 on each of two.
+  std::vector<std::string> train(
+      const std::string& run,
+      int steps,
+      std::vector<std::string> extra = {}) const {
+    std::vector<std::string> a = {
+        "train",
+        "--device",
+        "cpu",
+        "data_paths=[" + dir.file("corpus") + "]",
+        "depth=1",
+        "max_seq_len=32",
+        "total_batch_size=256",
+        "device_batch_size=2",
+        "num_iterations=" + std::to_string(steps),
+        "eval_every=0",
+        "eval_tokens=256",
+        "sample_every=0",
+        "save_total_limit=0",
+        "run_dir=" + dir.file(run)};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  std::vector<std::string> launch(
+      int port,
+      const std::vector<std::string>& command) const {
+    std::vector<std::string> a = {
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        std::to_string(port),
+        "--"};
+    a.insert(a.end(), command.begin(), command.end());
+    return a;
+  }
+  std::map<std::string, torch::Tensor> weights(const std::string& run, int step)
+      const {
+    char name[64];
+    std::snprintf(name, sizeof name, "/checkpoints/step_%06d", step);
+    return safetensors::load(dir.file(run + name + "/model.safetensors"));
+  }
+};
+
+double max_difference(
+    const std::map<std::string, torch::Tensor>& a,
+    const std::map<std::string, torch::Tensor>& b) {
+  double worst = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a)
+    worst = std::max(worst, (t - b.at(name)).abs().max().item<double>());
+  return worst;
+}
+
+TEST(Distributed, TwoGlooProcessesTrainWhatOneProcessTrains) {
+  REQUIRE_GLOO();
+  Corpus c;
+  auto one = test::run_orchard(c.train("one", 6), c.env);
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  EXPECT_NE(
+      one.out.find("4 accumulation step(s), 256 tokens"), std::string::npos)
+      << one.out;
+  auto two = test::run_orchard(c.launch(free_port(), c.train("two", 6)), c.env);
+  ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
+  EXPECT_NE(
+      two.out.find("2 accumulation step(s) on each of 2 processes"),
+      std::string::npos)
+      << two.out;
+  EXPECT_NE(two.out.find("Distributed: rank 0 of 2"), std::string::npos)
+      << two.out;
+  // Rank 1 prints nothing (its stdout is silenced); rank 0 writes the run.
+  EXPECT_EQ(two.out.find("Distributed: rank 1 of 2"), std::string::npos)
+      << two.out;
+  EXPECT_TRUE(std::filesystem::exists(c.dir.file("two/report.md")));
+
+  // Same data, same mean gradient: the weights agree to float rounding
+  // (the sums run in another order). Two ranks reading the same data, or
+  // gradients summed rather than averaged, move them by far more.
+  auto w1 = c.weights("one", 6), w2 = c.weights("two", 6);
+  EXPECT_LT(max_difference(w1, w2), 2e-4);
+  // ... and they did train: far from the same run's first checkpoint.
+  auto start = test::run_orchard(c.train("short", 1), c.env);
+  ASSERT_EQ(start.exit_code, 0) << start.err;
+  EXPECT_GT(max_difference(c.weights("short", 1), w2), 1e-2);
+
+  // A control: one process with half the batch (what a rank alone sees)
+  // ends elsewhere, so the tolerance above can tell.
+  auto half =
+      test::run_orchard(c.train("half", 6, {"total_batch_size=128"}), c.env);
+  ASSERT_EQ(half.exit_code, 0) << half.err;
+  EXPECT_GT(max_difference(c.weights("half", 6), w2), 1e-3);
+}
+
+// SIGKILL of one rank: `orchard launch` says which rank died and stops the
+// other; a relaunch resumes from the last checkpoint and ends with the
+// same weights, bit for bit, as a launch never interrupted.
+TEST(Distributed, KillingOneRankStopsTheOtherAndRelaunchResumesExactly) {
+  REQUIRE_GLOO();
+  Corpus c;
+  const int steps = 400;
+  auto args = [&](const std::string& run) {
+    return c.train(
+        run, steps, {"save_every=20", "total_batch_size=512", "depth=2"});
+  };
+  auto ref = test::run_orchard(c.launch(free_port(), args("ref")), c.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+
+  const std::string log = c.dir.file("killed.log");
+  pid_t launcher =
+      test::spawn_orchard(c.launch(free_port(), args("killed")), c.env, log);
+  // Wait for a checkpoint past the first, then kill rank 1 (the launcher's
+  // child whose RANK is 1).
+  bool mid_run = false;
+  for (int i = 0; i < 6000 && !mid_run; ++i) {
+    for (const auto& [s, d] : runs::list_checkpoints(c.dir.file("killed")))
+      mid_run = mid_run || s >= 40;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(mid_run) << test::read_text(log);
+  pid_t rank1 = -1;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != launcher)
+      continue;
+    std::string environ = test::read_text((e.path() / "environ").string());
+    if (environ.find(std::string("RANK=1") + '\0') != std::string::npos &&
+        environ.find(std::string("LOCAL_RANK=1") + '\0') != std::string::npos)
+      rank1 = std::stoi(pid);
+  }
+  ASSERT_GT(rank1, 0) << "no rank 1 under the launcher";
+  ::kill(rank1, SIGKILL);
+  const int code = test::wait_child(launcher);
+  EXPECT_NE(code, 0);
+  const std::string out = test::read_text(log);
+  EXPECT_NE(out.find("rank 1 was killed by signal 9"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopping the other rank(s)"), std::string::npos) << out;
+
+  auto again = test::run_orchard(c.launch(free_port(), args("killed")), c.env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(again.out.find("Resuming from"), std::string::npos) << again.out;
+  auto want = c.weights("ref", steps), got = c.weights("killed", steps);
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(torch::equal(t, got.at(name))) << name << " differs";
+}
+
+TEST(Distributed, BadLaunchesSayWhatIsWrong) {
+  REQUIRE_GLOO();
+  Corpus c;
+  // torchrun's variables half set.
+  auto r = test::run_orchard(
+      c.train("x", 1),
+      {{"ORCHARD_HOME", c.dir.file("home")},
+       {"WORLD_SIZE", "2"},
+       {"RANK", "0"},
+       {"MASTER_PORT", "29555"}});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("MASTER_ADDR is not set"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("orchard launch"), std::string::npos) << r.err;
+
+  // A batch two processes cannot split: 192 = 2 x 32 x 3.
+  r = test::run_orchard(
+      c.launch(free_port(), c.train("x", 1, {"total_batch_size=192"})), c.env);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("× world size"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[rank 0]"), std::string::npos) << r.err;
+
+  // A port already taken by another program.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = 0;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  const int taken = ntohs(a.sin_port);
+  r = test::run_orchard(c.launch(taken, c.train("x", 1)), c.env);
+  ::close(fd);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("the port is taken"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 0 exited with code 2"), std::string::npos)
+      << r.err;
+
+  // Nothing to launch, and a command launch does not start.
+  r = test::run_orchard({"launch", "--nproc-per-node", "2"}, c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("after `--`"), std::string::npos) << r.err;
+  r = test::run_orchard({"launch", "--", "generate"}, c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not 'generate'"), std::string::npos) << r.err;
+
+  // A stage that does not train data-parallel yet says so.
+  r = test::run_orchard(
+      c.launch(free_port(), {"train", "--device", "cpu", "stage=trm"}), c.env);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(
+      r.err.find("stage=trm does not train with several processes yet"),
+      std::string::npos)
+      << r.err;
+}
+
+} // namespace
+} // namespace orchard

@@ -1,0 +1,132 @@
+// Reading a launch from torchrun's and Slurm's variables (src/dist).
+#include "dist/launch_env.h"
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace orchard::dist {
+namespace {
+
+LaunchEnv read(const std::map<std::string, std::string>& vars) {
+  return read_launch_env(
+      [&](const std::string& k) -> std::optional<std::string> {
+        auto it = vars.find(k);
+        if (it == vars.end())
+          return std::nullopt;
+        return it->second;
+      });
+}
+
+std::string error_of(const std::map<std::string, std::string>& vars) {
+  try {
+    read(vars);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LaunchEnv, OneProcessWithoutLauncherVariables) {
+  EXPECT_FALSE(read({}).multi());
+  EXPECT_FALSE(read({{"WORLD_SIZE", "1"}}).multi());
+  // A one-task Slurm job is one process too.
+  EXPECT_FALSE(read({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).multi());
+}
+
+TEST(LaunchEnv, TorchrunsVariables) {
+  LaunchEnv e = read(
+      {{"WORLD_SIZE", "8"},
+       {"RANK", "5"},
+       {"LOCAL_RANK", "1"},
+       {"LOCAL_WORLD_SIZE", "4"},
+       {"GROUP_RANK", "1"},
+       {"MASTER_ADDR", "node0"},
+       {"MASTER_PORT", "29400"}});
+  EXPECT_TRUE(e.multi());
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "node0");
+  EXPECT_EQ(e.master_port, 29400);
+  EXPECT_FALSE(e.agent_store);
+  // torchrun's agent store: every rank a client, keys per restart.
+  LaunchEnv a = read(
+      {{"WORLD_SIZE", "2"},
+       {"RANK", "0"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", "29500"},
+       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+       {"TORCHELASTIC_RESTART_COUNT", "3"}});
+  EXPECT_TRUE(a.agent_store);
+  EXPECT_EQ(a.restart_count, 3);
+}
+
+TEST(LaunchEnv, MissingOrMalformedVariablesSayWhichAndHow) {
+  std::map<std::string, std::string> ok = {
+      {"WORLD_SIZE", "2"},
+      {"RANK", "1"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "29500"}};
+  for (const char* drop : {"RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+    auto v = ok;
+    v.erase(drop);
+    std::string msg = error_of(v);
+    EXPECT_NE(msg.find(std::string(drop) + " is not set"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("orchard launch"), std::string::npos) << msg;
+  }
+  auto v = ok;
+  v["RANK"] = "2"; // not below WORLD_SIZE
+  EXPECT_NE(
+      error_of(v).find("RANK='2' is not a number from 0 to 1"),
+      std::string::npos)
+      << error_of(v);
+  v = ok;
+  v["MASTER_PORT"] = "http";
+  EXPECT_NE(error_of(v).find("MASTER_PORT='http'"), std::string::npos);
+  v = ok;
+  v["WORLD_SIZE"] = "-2";
+  EXPECT_NE(error_of(v).find("WORLD_SIZE='-2'"), std::string::npos);
+}
+
+TEST(LaunchEnv, SlurmAsFallback) {
+  LaunchEnv e = read(
+      {{"SLURM_PROCID", "3"},
+       {"SLURM_NTASKS", "4"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_NODEID", "1"},
+       {"SLURM_TASKS_PER_NODE", "2(x2)"},
+       {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"}});
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world, 2);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "gpu07");
+  EXPECT_EQ(e.master_port, 29500);
+  // torchrun's variables win over Slurm's.
+  EXPECT_EQ(
+      read({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"WORLD_SIZE", "1"}})
+          .world,
+      1);
+  EXPECT_NE(
+      error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}})
+          .find("SLURM_JOB_NODELIST"),
+      std::string::npos);
+}
+
+TEST(LaunchEnv, FirstSlurmHost) {
+  EXPECT_EQ(first_slurm_host("node1"), "node1");
+  EXPECT_EQ(first_slurm_host("node1,node2"), "node1");
+  EXPECT_EQ(first_slurm_host("gpu[01-04,07],cpu3"), "gpu01");
+  EXPECT_EQ(first_slurm_host("a[3,5]b"), "a3b");
+}
+
+} // namespace
+} // namespace orchard::dist
