@@ -66,6 +66,9 @@ setup_debian() {
   [ "${ORCHARD_SETUP_FOR_TESTS:-}" = "1" ] && wanted+=("${DEBIAN_TEST_PACKAGES[@]}")
   if [ -z "${ORCHARD_TORCH_PREFIX:-}$(python_torch_prefix)" ]; then
     wanted+=("${DEBIAN_TORCH_PACKAGES[@]}")
+    # The tests start Orchard under Debian's torchrun (python3-torch, the
+    # same 1.13 as libtorch-dev): the launch contract users rely on.
+    [ "${ORCHARD_SETUP_FOR_TESTS:-}" = "1" ] && wanted+=(python3-torch)
   fi
   local missing=()
   for p in "${wanted[@]}"; do

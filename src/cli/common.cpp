@@ -98,6 +98,13 @@ DeviceInfo select_device(
           std::to_string(gpus) + "), or set CUDA_VISIBLE_DEVICES.");
     d.device = torch::Device(torch::kCUDA, launch.local_rank);
   }
+  std::fprintf(
+      status_stream(),
+      "Waiting for all %d processes at %s:%d...\n",
+      launch.world,
+      launch.master_addr.c_str(),
+      launch.master_port);
+  std::fflush(status_stream());
   dist::init(launch, d.device);
   std::fprintf(
       status_stream(),

@@ -62,6 +62,10 @@ class FinetuneStage : public Stage {
     });
   }
 
+  bool data_parallel() const override {
+    return true;
+  }
+
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
     const train::FinetuneConfig& cfg = section<train::FinetuneConfig>(settings);
     // Only config.json is read, so a 16 GB Mac can be planned anywhere; a

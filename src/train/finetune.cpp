@@ -8,6 +8,7 @@
 #include "core/torch_compat.h"
 #include "data/chat_file.h"
 #include "data/loader.h"
+#include "dist/world.h"
 #include "models/lora.h"
 #include "train/memory_plan.h"
 #include "train/memory_probe.h"
@@ -185,6 +186,18 @@ int64_t finetune_rows_per_step(const FinetuneConfig& cfg) {
           std::to_string(std::max<int64_t>(1, *cfg.total_batch_size / T) * T) +
           ").");
     rows = *cfg.total_batch_size / T;
+    // Several processes share the step's rows (each its own part).
+    const int64_t world = dist::size();
+    if (rows % world != 0)
+      throw UserError(
+          "total_batch_size=" + std::to_string(*cfg.total_batch_size) + " is " +
+          std::to_string(rows) + " rows of " + std::to_string(T) +
+          " tokens, which " + std::to_string(world) +
+          " processes cannot share evenly; use a multiple of " +
+          std::to_string(T * world) + " (e.g. " +
+          std::to_string(std::max<int64_t>(1, rows / world) * world * T) +
+          ").");
+    rows /= world;
   }
   if (cfg.device_batch_size && rows % *cfg.device_batch_size != 0)
     throw UserError(
@@ -400,24 +413,31 @@ TrainResult run_finetune(
       : fs::path(cfg.model).lexically_normal().filename().string();
   result.run_dir =
       !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
-  fs::create_directories(result.run_dir);
+  if (dist::leader())
+    fs::create_directories(result.run_dir);
+  dist::barrier("creating the run folder");
   RunLog log(result.run_dir + "/train.log");
   if (!origins.count("max_seq_length") && T != kDefaultMaxSeqLength)
     log("Sequences: max_seq_length=" + std::to_string(T) +
         ", the model's max_position_embeddings (the default " +
         std::to_string(kDefaultMaxSeqLength) + " is longer than it reads).");
   FinetuneConfig written = cfg;
-  config::write_yaml(
-      result.run_dir + "/config.yaml", finetune_schema(), &written, origins);
+  if (dist::leader())
+    config::write_yaml(
+        result.run_dir + "/config.yaml", finetune_schema(), &written, origins);
 
-  // Data: the model's tokenizer and chat template; cached by content.
-  ChatData chats = prepare_chat_data(
-      {.files = cfg.data,
-       .data_dir = cfg.data_dir,
-       .max_seq_len = T,
-       .tokenizer_dir = cfg.model,
-       .chat_template = cfg.chat_template},
-      [&](const std::string& s) { log(s); });
+  // Data: the model's tokenizer and chat template; cached by content (rank
+  // 0 prepares it first when there are several processes).
+  ChatData chats;
+  dist::leader_first("preparing the data", [&] {
+    chats = prepare_chat_data(
+        {.files = cfg.data,
+         .data_dir = cfg.data_dir,
+         .max_seq_len = T,
+         .tokenizer_dir = cfg.model,
+         .chat_template = cfg.chat_template},
+        [&](const std::string& s) { log(s); });
+  });
   result.data_description = chats.description;
   result.chat_val = chats.val;
   auto train_file =
@@ -440,7 +460,9 @@ TrainResult run_finetune(
         memory_budget(device, cfg.memory_fraction),
         largest);
   }
-  const int64_t B = plan.choice.batch;
+  // Every rank takes the same micro-batch: the smallest any chose.
+  const int64_t B = dist::min_over_ranks(plan.choice.batch);
+  const int world = dist::size();
   const FinetuneMemory est = plan.choice.memory;
   const std::string batch_why = cfg.device_batch_size
       ? "as set"
@@ -454,7 +476,7 @@ TrainResult run_finetune(
         "; lower max_seq_length, keep gradient_checkpointing=true" +
         (lora && dtype == torch::kFloat32 ? ", use dtype=bfloat16" : "") +
         ", or use a smaller model.");
-  const int64_t rows_per_step = finetune_rows_per_step(cfg);
+  const int64_t rows_per_step = finetune_rows_per_step(cfg); // per process
   const int64_t accum = rows_per_step / B;
   const int64_t rows_per_epoch = cfg.pack
       ? std::max<int64_t>(1, int64_t(train_file->total_tokens()) / T)
@@ -465,7 +487,7 @@ TrainResult run_finetune(
             1,
             int64_t(std::ceil(
                 cfg.epochs.value_or(1.0) * double(rows_per_epoch) /
-                double(B * accum))));
+                double(B * accum * world))));
 
   // The model.
   torch::manual_seed(uint64_t(cfg.seed));
@@ -481,8 +503,17 @@ TrainResult run_finetune(
   Optimizers optimizers = finetune_optimizers(cfg, std::move(loaded.trained));
 
   const uint32_t pad_id = 0; // padding is never a target
+  // Rank r fills the r-th B of every world * B rows.
   auto loader = std::make_shared<data::ChatBatcher>(
-      *train_file, B, T, cfg.pack, pad_id, true, uint64_t(cfg.seed));
+      *train_file,
+      B,
+      T,
+      cfg.pack,
+      pad_id,
+      true,
+      uint64_t(cfg.seed),
+      dist::rank(),
+      world);
   TrainingTask task;
   task.model = model.ptr();
   task.micro_step = [&, loader] {
@@ -540,7 +571,7 @@ TrainResult run_finetune(
       .total_steps = total,
       .micro_batch = B,
       .grad_accum = accum,
-      .tokens_per_step = B * accum * T,
+      .tokens_per_step = B * accum * T * world,
       .grad_clip = cfg.grad_clip,
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
@@ -571,19 +602,20 @@ TrainResult run_finetune(
         format_mb(est.trainable + est.gradients + est.optimizer) +
         ", activations " + format_mb(est.activations) + ", loss " +
         format_mb(est.logits) + "); budget " + format_mb(double(plan.budget)));
-    log("Batch: " + std::to_string(rows_per_step) + " rows of " +
+    log("Batch: " + std::to_string(rows_per_step * world) + " rows of " +
         std::to_string(T) + " tokens per step (" +
-        std::to_string(rows_per_step * T) +
+        std::to_string(rows_per_step * world * T) +
         " tokens, the same on every machine) = " + std::to_string(B) +
         " per micro-step (" + batch_why + ")" +
         (cfg.gradient_checkpointing ? ", gradient checkpointing" : "") + " x " +
-        std::to_string(accum) + " accumulation step(s); " +
+        std::to_string(accum) + " accumulation step(s)" +
+        (world > 1 ? " x " + std::to_string(world) + " processes" : "") + "; " +
         std::to_string(total) + " steps; run folder " + result.run_dir);
   }
   TrainerResult tr = trainer.run();
   copy_trainer_result(tr, result);
   result.total = total;
-  if (tr.interrupted)
+  if (tr.interrupted || !dist::leader()) // rank 0 writes the result
     return result;
   // The result in the formats other tools read, from the final weights.
   if (lora) {

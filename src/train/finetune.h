@@ -97,9 +97,12 @@ const config::Schema& finetune_schema();
 // device_batch_size stands for in the effective batch.
 constexpr int64_t kDefaultRowsPerDevice = 8;
 
-// Rows per optimizer step (see FinetuneConfig); UserError when
-// total_batch_size is not a whole number of rows, or a set
-// device_batch_size does not divide them.
+// Rows per optimizer step on this process (see FinetuneConfig): with
+// several processes (src/dist) total_batch_size is shared among them, while
+// device_batch_size x gradient_accumulation_steps is each one's, as in
+// Hugging Face's Trainer. UserError when total_batch_size is not a whole
+// number of rows or of rows per process, or a set device_batch_size does
+// not divide them.
 int64_t finetune_rows_per_step(const FinetuneConfig& cfg);
 
 // The adapters `cfg` asks for (lora.r, lora.alpha, lora.dropout, its

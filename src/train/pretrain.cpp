@@ -540,14 +540,43 @@ TrainResult run_training(
           "val loss " + fmt("%.4f", s.loss) + ", " + fmt("%.4f", s.bpb) +
               " bits per byte"};
     };
-    task.data_state = [train_loader] {
-      return nlohmann::json(train_loader->state());
+    // The position counts steps of world * B windows: saved with the world
+    // size, and converted when a run resumes with another.
+    task.data_state = [train_loader, world] {
+      nlohmann::json j = train_loader->state();
+      j["world_size"] = world;
+      return j;
     };
     task.set_micro_batch = [train_loader](int64_t b) {
       train_loader->set_batch_size(b);
     };
-    task.restore_data = [train_loader](const nlohmann::json& j) {
-      train_loader->restore(j.get<data::LoaderState>());
+    task.restore_data = [train_loader, world](const nlohmann::json& j) {
+      data::LoaderState s = j.get<data::LoaderState>();
+      const int saved = j.value("world_size", 1);
+      if (saved != world) {
+        const uint64_t b = uint64_t(train_loader->batch_size());
+        const uint64_t served = s.step * b * uint64_t(saved);
+        if (served % (b * uint64_t(world)) != 0)
+          throw UserError(
+              "cannot resume with " + std::to_string(world) +
+              " processes: the checkpoint's run (" + std::to_string(saved) +
+              ") had served " + std::to_string(served) +
+              " sequences of this epoch, not a multiple of " +
+              std::to_string(b * uint64_t(world)) + ". Resume with " +
+              std::to_string(saved) +
+              " process(es), or another "
+              "device_batch_size.");
+        s.step = served / (b * uint64_t(world));
+        std::printf(
+            "Resuming with %d process(es) where the checkpoint's run had "
+            "%d: the data position (%llu sequences into epoch %llu) carries "
+            "over.\n",
+            world,
+            saved,
+            (unsigned long long)served,
+            (unsigned long long)s.epoch);
+      }
+      train_loader->restore(s);
     };
   }
   const SampleSource sample_source{val_shards, result.chat_val};
