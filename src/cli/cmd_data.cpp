@@ -81,8 +81,12 @@ Command register_data(CLI::App& root) {
           chat_opt->inputs,
           "JSONL or JSON-array chat files, or folders")
       ->required();
-  chat->add_option("--tokenizer", *chat_tok, "tokenizer folder or file")
-      ->required();
+  *chat_tok = "gpt2";
+  chat->add_option(
+          "--tokenizer",
+          *chat_tok,
+          "tokenizer folder or file, or gpt2 (GPT-2's, built in)")
+      ->capture_default_str();
   chat->add_option("--out", chat_opt->out, "output folder")->required();
   chat->add_option(
       "--name", chat_opt->name, "output name (default: the first input's)");

@@ -88,8 +88,15 @@ std::string base64_encode(std::string_view in) {
   return out;
 }
 
-Tokenizer load_tiktoken(const std::string& path) {
-  std::string text = read_all(path);
+namespace {
+
+// A rank file's text; `meta_text` the tiktoken.json beside it ("" for
+// none: the pattern then follows the file's name).
+Tokenizer parse_tiktoken(
+    const std::string& text,
+    const std::string& path,
+    const std::string& meta_text,
+    const std::string& meta_path) {
   std::vector<TokenEntry> tokens;
   std::istringstream in(text);
   std::string line;
@@ -127,17 +134,16 @@ Tokenizer load_tiktoken(const std::string& path) {
 
   std::string pattern;
   std::map<std::string, TokenId> special;
-  fs::path meta = fs::path(path).parent_path() / "tiktoken.json";
-  if (fs::exists(meta)) {
+  if (!meta_text.empty()) {
     try {
-      auto j = nlohmann::json::parse(read_all(meta.string()));
+      auto j = nlohmann::json::parse(meta_text);
       pattern = j.at("pattern").get<std::string>();
       if (j.contains("special_tokens"))
         for (const auto& [k, v] : j["special_tokens"].items())
           special[k] = v.get<TokenId>();
     } catch (const nlohmann::json::exception& e) {
       throw UserError(
-          "'" + meta.string() +
+          "'" + meta_path +
           "' must be {\"pattern\": ..., \"special_tokens\": {text: id}}: " +
           e.what());
     }
@@ -151,13 +157,34 @@ Tokenizer load_tiktoken(const std::string& path) {
   return Tokenizer(std::move(tokens), std::move(special), pattern, "tiktoken");
 }
 
+} // namespace
+
+Tokenizer load_tiktoken(const std::string& path) {
+  fs::path meta = fs::path(path).parent_path() / "tiktoken.json";
+  return parse_tiktoken(
+      read_all(path),
+      path,
+      fs::exists(meta) ? read_all(meta.string()) : "",
+      meta.string());
+}
+
+std::string tokenizer_reference(const std::string& path) {
+  if (!fs::exists(path) && builtin_tokenizer(path))
+    return path;
+  return fs::absolute(path).string();
+}
+
 Tokenizer load_tokenizer(const std::string& path) {
   fs::path p(path);
-  if (!fs::exists(p))
+  if (!fs::exists(p)) {
+    if (auto b = builtin_tokenizer(path))
+      return parse_tiktoken(
+          b->ranks, "(built-in " + path + ")", b->meta, "(built-in)");
     throw UserError(
         "tokenizer '" + path +
         "' does not exist; give a folder holding tokenizer.json or a "
-        "*.tiktoken rank file, or the file itself.");
+        "*.tiktoken rank file, the file itself, or gpt2 (built in).");
+  }
   if (fs::is_directory(p)) {
     if (fs::exists(p / "tokenizer.json"))
       return load_hf_tokenizer((p / "tokenizer.json").string());

@@ -8,6 +8,8 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
@@ -546,6 +548,66 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
 // The memory plan for the paper's model on simulated GPUs: the whole
 // global batch where it fits, the largest divisor of it that fits where
 // it does not, and a refusal with the fix where nothing does.
+// Seed 000's defaults: `orchard data chat` without --tokenizer uses GPT-2's
+// (built in, as the fork's `--tokenizer gpt2`), and tokenizer=gpt2 trains
+// and generates with nothing on disk but the data.
+TEST(TrmCli, TheChatVariantTakesGpt2ByDefault) {
+  test::TempDir t;
+  std::string jsonl;
+  for (int i = 0; i < 12; ++i)
+    jsonl +=
+        nlohmann::json{
+            {"messages",
+             {{{"role", "user"}, {"content", "Count to " + std::to_string(i)}},
+              {{"role", "assistant"},
+               {"content", std::to_string(i) + " done."}}}}}
+            .dump() +
+        "\n";
+  t.write("c.jsonl", jsonl);
+  auto d = test::run_orchard(
+      {"data", "chat", "--input", t.file("c.jsonl"), "--out", t.file("d")},
+      kEnv);
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.out.find("template: plain"), std::string::npos) << d.out;
+  auto r = test::run_orchard(
+      {"train",
+       "stage=trm",
+       "--device",
+       "cpu",
+       "data=" + t.file("d/c.chat"),
+       "tokenizer=gpt2",
+       "arch.hidden_size=16",
+       "arch.num_heads=1",
+       "arch.L_layers=1",
+       "arch.H_cycles=1",
+       "arch.L_cycles=1",
+       "arch.halt_max_steps=1",
+       "arch.puzzle_emb_ndim=0",
+       "arch.expansion=2",
+       "global_batch_size=4",
+       "num_iterations=2",
+       "eval_size=4",
+       "run_dir=" + t.file("run")},
+      kEnv);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // GPT-2's 50,257 tokens: the untrained loss is about ln 50257 = 10.8.
+  const size_t at = r.out.find("| loss ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NEAR(std::stod(r.out.substr(at + 7)), std::log(50257.0), 0.5) << r.out;
+  auto g = test::run_orchard(
+      {"generate",
+       "--checkpoint",
+       t.file("run"),
+       "--device",
+       "cpu",
+       "--prompt",
+       "Count",
+       "--max-new-tokens",
+       "2"},
+      kEnv);
+  EXPECT_EQ(g.exit_code, 0) << g.out << g.err;
+}
+
 TEST(TrmCli, PlanPicksTheLargestMicroBatchThatFits) {
   TempDir t;
   make_data(t.file("d9"), 20, 9, "easy");

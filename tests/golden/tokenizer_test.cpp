@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <random>
 
 namespace orchard::text {
@@ -44,6 +45,39 @@ INSTANTIATE_TEST_SUITE_P(
     Tiktoken,
     Reference,
     testing::Values("gpt2", "cl100k_base", "llama3"));
+
+// `--tokenizer gpt2` with no such file or folder: the built-in copy, which
+// encodes the tiktoken reference exactly as the fixture does; a path that
+// exists wins over the name; an unknown name says what works.
+TEST(Tokenizer, BuiltInGpt2IsTiktokens) {
+  test::TempDir cwd;
+  const auto here = std::filesystem::current_path();
+  std::filesystem::current_path(cwd.path());
+  const Tokenizer builtin = load_tokenizer("gpt2");
+  EXPECT_EQ(tokenizer_reference("gpt2"), "gpt2");
+  cwd.write("gpt2/tokenizer.json", "{}"); // a folder named gpt2 is read
+  EXPECT_THROW(load_tokenizer("gpt2"), UserError);
+  EXPECT_EQ(tokenizer_reference("gpt2"), (cwd.path() / "gpt2").string());
+  std::filesystem::current_path(here);
+  EXPECT_EQ(builtin.vocab_size(), 50257u);
+  EXPECT_EQ(builtin.special_id("<|endoftext|>"), 50256u);
+  auto ref =
+      nlohmann::json::parse(test::read_text(kDir + "/gpt2_reference.json"));
+  for (const auto& c : ref["cases"]) {
+    Allowed allowed =
+        c.contains("allowed_special") ? Allowed::every() : Allowed::none();
+    EXPECT_EQ(
+        builtin.encode(c["text"].get<std::string>(), allowed),
+        c["ids"].get<std::vector<TokenId>>());
+  }
+  try {
+    load_tokenizer("gpt3");
+    FAIL() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2 (built in)"), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(Tokenizer, Llama3Specials) {
   const Tokenizer& tok = tokenizer("llama3");

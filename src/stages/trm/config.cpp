@@ -25,9 +25,8 @@ const config::Schema& trm_schema() {
     s.add(
         {.key = "tokenizer",
          .access = field(&C::tokenizer),
-         .help =
-             "chat data (.chat): the tokenizer folder `orchard data chat "
-             "--tokenizer` used (GPT-2's: tests/fixtures/tokenizers/gpt2)"});
+         .help = "chat data (.chat): the tokenizer folder `orchard data chat "
+                 "--tokenizer` used (its default: gpt2, built in)"});
     s.add(
         {.key = "chat_template",
          .access = field(&C::chat_template),

@@ -1,4 +1,5 @@
 #include "stages/trm/recursion.h"
+#include "text/tokenizer_io.h"
 
 #include "core/error.h"
 #include "models/trm_language_model.h"
@@ -388,7 +389,7 @@ runs::LoadedModel load_trm_chat(const std::string& path, torch::Device device) {
         " is a tiny recursive model trained on puzzles, not conversations: "
         "`orchard solve --checkpoint` and `orchard eval --checkpoint` use "
         "it.");
-  if (!fs::exists(tokenizer))
+  if (!fs::exists(tokenizer) && !text::builtin_tokenizer(tokenizer))
     throw UserError(
         "the tokenizer " + t.checkpoint_dir + " was trained with, " +
         tokenizer + ", is gone; put it back there.");

@@ -123,14 +123,14 @@ std::optional<ChatSide> chat_side(
     throw UserError(
         "data=" + cfg.data +
         " holds conversations as token ids: give tokenizer=DIR, the "
-        "folder `orchard data chat --tokenizer` read (GPT-2's: "
-        "tests/fixtures/tokenizers/gpt2).");
+        "folder `orchard data chat --tokenizer` read (its default, "
+        "GPT-2's: tokenizer=gpt2).");
   const text::Tokenizer tok = text::load_tokenizer(cfg.tokenizer);
   // Opened now so that a family the tokenizer cannot render fails here,
   // not when the trained model is first asked to chat.
   text::open_chat_template(cfg.tokenizer, tok, cfg.chat_template);
   ChatSide c;
-  c.tokenizer_dir = fs::absolute(cfg.tokenizer).string();
+  c.tokenizer_dir = text::tokenizer_reference(cfg.tokenizer);
   c.template_name = cfg.chat_template;
   c.vocab = int64_t(tok.vocab_size());
   if (d.train.vocab > c.vocab)
