@@ -549,8 +549,9 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
 // global batch where it fits, the largest divisor of it that fits where
 // it does not, and a refusal with the fix where nothing does.
 // Seed 000's defaults: `orchard data chat` without --tokenizer uses GPT-2's
-// (built in, as the fork's `--tokenizer gpt2`), and tokenizer=gpt2 trains
-// and generates with nothing on disk but the data.
+// (built in, as the fork's `--tokenizer gpt2`), and the trm-chat preset
+// (the fork's cfg_chat, tokenizer=gpt2) trains and generates with nothing
+// on disk but the data.
 TEST(TrmCli, TheChatVariantTakesGpt2ByDefault) {
   test::TempDir t;
   std::string jsonl;
@@ -571,19 +572,14 @@ TEST(TrmCli, TheChatVariantTakesGpt2ByDefault) {
   EXPECT_NE(d.out.find("template: plain"), std::string::npos) << d.out;
   auto r = test::run_orchard(
       {"train",
-       "stage=trm",
+       "--preset",
+       "trm-chat", // tokenizer: gpt2, the fork's cfg_chat (smaller here)
        "--device",
        "cpu",
        "data=" + t.file("d/c.chat"),
-       "tokenizer=gpt2",
        "arch.hidden_size=16",
        "arch.num_heads=1",
        "arch.L_layers=1",
-       "arch.H_cycles=1",
-       "arch.L_cycles=1",
-       "arch.halt_max_steps=1",
-       "arch.puzzle_emb_ndim=0",
-       "arch.expansion=2",
        "global_batch_size=4",
        "num_iterations=2",
        "eval_size=4",

@@ -113,6 +113,11 @@ std::optional<ChatSide> chat_side(
     const TrmStageConfig& cfg,
     const data::PuzzleSplits& d) {
   if (d.train.kind != "chat") {
+    if (!cfg.tokenizer.empty() && cfg.data.empty())
+      throw UserError(
+          "tokenizer= is for chat data: give data=FILE.chat, made by "
+          "`orchard data chat --input CHATS.jsonl --out DIR` (without data= "
+          "the stage generates puzzles, which need no tokenizer).");
     if (!cfg.tokenizer.empty())
       throw UserError(
           "tokenizer= is for chat data (.chat files); data=" + cfg.data +
