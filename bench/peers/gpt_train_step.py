@@ -4,6 +4,13 @@ biases) in PyTorch, timed the same way: forward, backward and an AdamW step
 on random tokens, median of the steps after 3 warm-up steps.
 
   python3 gpt_train_step.py DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS [eager|compile] [fp32|bf16]
+
+Under torchrun (WORLD_SIZE > 1) it is PyTorch DDP: one process per GPU
+(cuda:LOCAL_RANK, NCCL; gloo on the CPU), each on its own BATCH x SEQ
+tokens, gradients averaged by DDP's reducer (buckets overlapped with the
+backward); tokens/s counts every rank's tokens (rank 0 prints):
+
+  torchrun --nproc-per-node 2 gpt_train_step.py cuda 12 768 6 50304 16 1024 30 compile bf16
 """
 import os
 import resource
@@ -74,11 +81,24 @@ def main():
     mode = sys.argv[9] if len(sys.argv) > 9 else "eager"
     prec = sys.argv[10] if len(sys.argv) > 10 else "fp32"
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_num_threads(os.cpu_count())  # as Orchard does
+    # As Orchard does: every core, shared among a node's processes.
+    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        if dev.startswith("cuda"):
+            dev = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo")
     torch.manual_seed(0)
     model = GPT(L, C, H, V, T).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if world > 1:
+        model = DDP(model, device_ids=[torch.device(dev).index] if dev.startswith("cuda") else None)
     step_fn = torch.compile(model) if mode == "compile" else model
+    torch.manual_seed(rank + 1)  # each rank its own tokens
     x = torch.randint(0, V, (B, T), device=dev)
     y = torch.randint(0, V, (B, T), device=dev)
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
@@ -104,8 +124,10 @@ def main():
     peak = (torch.cuda.max_memory_allocated() if dev.startswith("cuda")
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1e3) / 1e6
     n = sum(p.numel() for p in model.parameters())
-    print(f"pytorch {mode} {prec} d{L} w{C} vocab {V} batch {B}x{T}: {B * T / med:.0f} tokens/s "
-          f"(median {med:.4f} s/step), peak {peak:.0f} MB, {n} params")
+    if rank == 0:
+        ddp = f" DDP x{world}" if world > 1 else ""
+        print(f"pytorch {mode} {prec}{ddp} d{L} w{C} vocab {V} batch {B}x{T}: {world * B * T / med:.0f} tokens/s "
+              f"(median {med:.4f} s/step), peak {peak:.0f} MB, {n} params")
 
 
 if __name__ == "__main__":

@@ -342,6 +342,10 @@ int configure_cpu_threads(const EnvLookup& env) {
     if (sched_getaffinity(0, sizeof set, &set) == 0)
       n = CPU_COUNT(&set);
 #endif
+    // Several processes on this node (orchard launch, torchrun, Slurm's
+    // LOCAL_WORLD_SIZE as torchrun sets it): each takes its share.
+    if (auto v = env("LOCAL_WORLD_SIZE"); v && std::atoi(v->c_str()) > 1)
+      n /= std::atoi(v->c_str());
   }
   n = std::max(n, 1);
   torch::set_num_threads(n);

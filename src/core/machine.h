@@ -88,7 +88,9 @@ std::string format_bytes(uint64_t bytes); // "15.6 GiB"
 std::string default_data_dir(const EnvLookup& env = process_env());
 
 // Threads for CPU tensor work: OMP_NUM_THREADS when set, else every core the
-// process may run on. Debian's libtorch otherwise starts with one thread.
+// process may run on, shared among LOCAL_WORLD_SIZE processes when that is
+// set (several processes on one node). Debian's libtorch otherwise starts
+// with one thread.
 // Returns the count applied.
 int configure_cpu_threads(const EnvLookup& env = process_env());
 

@@ -1,9 +1,12 @@
 // Reading a launch from torchrun's and Slurm's variables (src/dist).
+#include "core/machine.h"
 #include "dist/launch_env.h"
+#include "test_util.h"
 #include "core/error.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 namespace orchard::dist {
@@ -130,3 +133,25 @@ TEST(LaunchEnv, FirstSlurmHost) {
 
 } // namespace
 } // namespace orchard::dist
+
+namespace orchard {
+namespace {
+
+// Several processes on one node share its cores; OMP_NUM_THREADS wins.
+TEST(LaunchEnv, ProcessesOnOneNodeShareTheCores) {
+  const int all = configure_cpu_threads(test::env_of({}));
+  EXPECT_GE(all, 1);
+  EXPECT_EQ(
+      configure_cpu_threads(test::env_of({{"LOCAL_WORLD_SIZE", "2"}})),
+      std::max(1, all / 2));
+  EXPECT_EQ(
+      configure_cpu_threads(test::env_of({{"LOCAL_WORLD_SIZE", "1000"}})), 1);
+  EXPECT_EQ(
+      configure_cpu_threads(
+          test::env_of({{"LOCAL_WORLD_SIZE", "2"}, {"OMP_NUM_THREADS", "3"}})),
+      3);
+  configure_cpu_threads(test::env_of({{"OMP_NUM_THREADS", "1"}}));
+}
+
+} // namespace
+} // namespace orchard
