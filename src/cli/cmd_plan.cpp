@@ -4,6 +4,7 @@
 // chosen size and the next one up.
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/memory_stats.h"
 #include "stages/plan.h"
 
 #include <cstdio>
@@ -43,6 +44,8 @@ Command register_plan(CLI::App& root) {
               throw UserError(
                   "--probe runs on this machine's device; it cannot measure "
                   "an assumed one (drop --assume-device).");
+            if (st->probe)
+              fix_host_allocator(); // repeatable resident sets to measure
             stages::Plan plan = settings->stage->plan(*settings, d);
             if (st->json) {
               if (st->probe)

@@ -3,7 +3,6 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/machine.h"
-#include "core/memory_stats.h"
 #include "core/version.h"
 
 #include <cstdio>
@@ -12,7 +11,6 @@
 
 int main(int argc, char** argv) {
   using namespace orchard;
-  fix_host_allocator();
   set_program_name(argc > 0 ? argv[0] : nullptr);
   CLI::App app{
       "Orchard trains and fine-tunes language models on the machine you have "

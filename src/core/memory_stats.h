@@ -26,7 +26,10 @@ MemoryReading read_memory(const c10::Device& device);
 // mapped and unmapped on their own instead of glibc raising its threshold as
 // the run frees large blocks, which left the resident set of the same step
 // 25 % higher or lower depending on what the process had done before. The
-// planner's CPU figures and `plan --probe` rely on it; main() calls it.
+// planner's CPU figures were calibrated with it and `plan --probe` calls
+// it. Training does not: every large tensor then costs fresh pages at every
+// step, which made `orchard train` 2.4x slower on a 2-core CPU (42 % of
+// its time in page faults) than glibc's own adaptive threshold.
 void fix_host_allocator();
 
 // On the CPU (glibc), hands memory freed by earlier work back to the
