@@ -392,7 +392,12 @@ TrainResult run_training(
       "Memory plan: " + plan.why + "; budget " + plan.budget.why +
       (plan.choice->fits ? ""
                          : ". Training starts anyway; if it runs out of memory "
-                           "the micro-batch is lowered and the step redone.");
+                           "the micro-batch is lowered and the step redone.") +
+      (B != plan.choice->batch
+           ? ". Another process planned a smaller micro-batch, so every "
+             "process takes " +
+               std::to_string(B)
+           : "");
   const int64_t accum = grad_accum_steps(cfg.total_batch_size, B, T, world);
   result.run_dir = !cfg.run_dir.empty()
       ? cfg.run_dir

@@ -179,6 +179,57 @@ TEST(Distributed, TorchrunStartsTheBinaryUnchanged) {
   EXPECT_LT(max_difference(c.weights("one", 4), c.weights("two", 4)), 2e-4);
 }
 
+// device_batch_size=auto: each process plans its own memory and all take
+// the smallest micro-batch (here rank 1 plans for 0.2 GB, rank 0 for 8 GB).
+TEST(Distributed, AutoMicroBatchIsTheSmallestAnyRankPlanned) {
+  REQUIRE_GLOO();
+  Corpus c;
+  auto args = c.train(
+      "run",
+      2,
+      {"max_seq_len=64",
+       "total_batch_size=2048",
+       "depth=4",
+       "device_batch_size=auto",
+       "val_fraction=0.1"});
+  const std::string port = std::to_string(free_port());
+  std::map<std::string, std::string> env = c.env;
+  env.insert(
+      {{"WORLD_SIZE", "2"},
+       {"LOCAL_WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", port}});
+  auto env1 = env;
+  env1.insert({{"RANK", "1"}, {"LOCAL_RANK", "1"}, {"MEMORY_SIZE", "0.2"}});
+  pid_t rank1 = test::spawn_orchard(args, env1, c.dir.file("rank1.log"));
+  env.insert({{"RANK", "0"}, {"LOCAL_RANK", "0"}, {"MEMORY_SIZE", "8"}});
+  auto r0 = test::run_orchard(args, env);
+  EXPECT_EQ(test::wait_child(rank1), 0)
+      << test::read_text(c.dir.file("rank1.log"));
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  // Alone, rank 0 takes all its 16 rows at once (its plan line says so);
+  // together both take rank 1's smaller choice.
+  EXPECT_NE(
+      r0.out.find("Another process planned a smaller micro-batch, so "
+                  "every process takes "),
+      std::string::npos)
+      << r0.out;
+  const size_t at = r0.out.find("Batch: ");
+  ASSERT_NE(at, std::string::npos) << r0.out;
+  const int taken = std::stoi(r0.out.substr(at + 7));
+  EXPECT_LT(taken, 16) << r0.out;
+  EXPECT_NE(
+      r0.out.find("every process takes " + std::to_string(taken)),
+      std::string::npos)
+      << r0.out;
+  EXPECT_NE(
+      r0.out.find(
+          std::to_string(16 / taken) +
+          " accumulation step(s) on each of 2 processes"),
+      std::string::npos)
+      << r0.out;
+}
+
 // A run saved by one process resumes on two (the data position converted)
 // and ends where one process would have.
 TEST(Distributed, ResumesWithAnotherNumberOfProcesses) {
