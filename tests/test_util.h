@@ -119,6 +119,17 @@ inline std::function<std::optional<std::string>(const std::string&)> env_of(
   };
 }
 
+// `count` short numbered documents as text JSONL (one {"text": ...} a
+// line): a corpus the tiny training runs of the e2e tests pretrain on.
+inline std::string numbered_documents(int count) {
+  std::string jsonl;
+  for (int i = 0; i < count; ++i)
+    jsonl += "{\"text\": \"Document " + std::to_string(i) +
+        ": the quick brown fox jumps over the lazy dog while numbers " +
+        std::to_string(i * 7919 % 1000) + " go by.\"}\n";
+  return jsonl;
+}
+
 struct CliResult {
   int exit_code = -1;
   std::string out, err;

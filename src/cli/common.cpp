@@ -67,9 +67,6 @@ DeviceInfo select_device(
     bool trains,
     const EnvLookup& env) {
   DeviceInfo d = resolve_device(flags.device, machine);
-  std::fprintf(status_stream(), "%s\n", using_device_line(d).c_str());
-  for (const auto& note : platform_notes(machine))
-    std::fprintf(status_stream(), "%s\n", note.c_str());
   if (auto ws = env("WORLD_SIZE")) {
     char* end = nullptr;
     long n = std::strtol(ws->c_str(), &end, 10);
@@ -78,11 +75,19 @@ DeviceInfo select_device(
           "WORLD_SIZE='" + *ws +
           "' is not a process count; set it to 1 or more, or unset it.");
   }
+  // Training reads the rest of the launch: of several processes, rank 0
+  // alone prints from here on.
+  const dist::LaunchEnv launch =
+      trains ? dist::read_launch_env(env) : dist::LaunchEnv{};
+  if (launch.rank == 0) {
+    std::fprintf(status_stream(), "%s\n", using_device_line(d).c_str());
+    for (const auto& note : platform_notes(machine))
+      std::fprintf(status_stream(), "%s\n", note.c_str());
+  }
   if (!trains)
     return d;
   // Several processes (torchrun, `orchard launch`, Slurm): one GPU each,
   // then the process group.
-  const dist::LaunchEnv launch = dist::read_launch_env(env);
   if (!launch.multi())
     return d;
   check_distributed_supported(d, launch.world);
@@ -98,12 +103,13 @@ DeviceInfo select_device(
           std::to_string(gpus) + "), or set CUDA_VISIBLE_DEVICES.");
     d.device = torch::Device(torch::kCUDA, launch.local_rank);
   }
-  std::fprintf(
-      status_stream(),
-      "Waiting for all %d processes at %s:%d...\n",
-      launch.world,
-      launch.master_addr.c_str(),
-      launch.master_port);
+  if (launch.rank == 0)
+    std::fprintf(
+        status_stream(),
+        "Waiting for all %d processes at %s:%d...\n",
+        launch.world,
+        launch.master_addr.c_str(),
+        launch.master_port);
   std::fflush(status_stream());
   dist::init(launch, d.device);
   std::fprintf(

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/version.h"
+#include "dist/world.h"
 #include "runs/checkpoint.h"
 #include "runs/run_folder.h"
 #include "stages/gpt_stages.h"
@@ -241,6 +242,8 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
         (s.done ? "already done before this command"
                 : "trained by this command") +
         "\n";
+  if (!dist::leader()) // with several processes rank 0 writes the report
+    return true;
   train::write_pipeline_report(report, d, reports, preamble);
   const auto& last = reports.back();
   std::printf(

@@ -53,12 +53,7 @@ struct Corpus {
   TempDir dir;
   std::map<std::string, std::string> env;
   Corpus() {
-    std::string jsonl;
-    for (int i = 0; i < 400; ++i)
-      jsonl += "{\"text\": \"Document " + std::to_string(i) +
-          ": the quick brown fox jumps over the lazy dog while numbers " +
-          std::to_string(i * 7919 % 1000) + " go by.\"}\n";
-    dir.write("corpus/a.jsonl", jsonl);
+    dir.write("corpus/a.jsonl", test::numbered_documents(400));
     env = {{"ORCHARD_HOME", dir.file("home")}, {"OMP_NUM_THREADS", "1"}};
   }
   // 256 tokens a step: 2 sequences of 32 a micro-step, 4 micro-steps in
@@ -134,6 +129,10 @@ TEST(Distributed, TwoGlooProcessesTrainWhatOneProcessTrains) {
       << two.out;
   // Rank 1 prints nothing (its stdout is silenced); rank 0 writes the run.
   EXPECT_EQ(two.out.find("Distributed: rank 1 of 2"), std::string::npos)
+      << two.out;
+  const size_t device_line = two.out.find("Using device");
+  ASSERT_NE(device_line, std::string::npos) << two.out;
+  EXPECT_EQ(two.out.find("Using device", device_line + 1), std::string::npos)
       << two.out;
   EXPECT_TRUE(std::filesystem::exists(c.dir.file("two/report.md")));
 
@@ -417,6 +416,32 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_NE(r.err.find("the port is taken"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 0 exited with code 2"), std::string::npos)
       << r.err;
+
+  // Several nodes without node 0's address; a node number out of range.
+  r = test::run_orchard(
+      {"launch", "--nnodes", "2", "--", "train", "--device", "cpu"}, c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--nnodes 2 needs --master-addr"), std::string::npos)
+      << r.err;
+  r = test::run_orchard(
+      {"launch",
+       "--nnodes",
+       "2",
+       "--node-rank",
+       "2",
+       "--master-addr",
+       "h0",
+       "--",
+       "train"},
+      c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("--node-rank 2 is not below --nnodes 2"), std::string::npos)
+      << r.err;
+  r = test::run_orchard(
+      {"launch", "--nproc-per-node", "0", "--", "train"}, c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--nproc-per-node"), std::string::npos) << r.err;
 
   // Nothing to launch, and a command launch does not start.
   r = test::run_orchard({"launch", "--nproc-per-node", "2"}, c.env);

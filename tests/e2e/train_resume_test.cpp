@@ -26,12 +26,7 @@ struct TinyRun {
   TempDir dir;
   std::map<std::string, std::string> env;
   TinyRun() {
-    std::string jsonl; // one document per line
-    for (int i = 0; i < 400; ++i)
-      jsonl += "{\"text\": \"Document " + std::to_string(i) +
-          ": the quick brown fox jumps over the lazy dog while numbers " +
-          std::to_string(i * 7919 % 1000) + " go by.\"}\n";
-    dir.write("corpus/a.jsonl", jsonl);
+    dir.write("corpus/a.jsonl", test::numbered_documents(400));
     env = {{"ORCHARD_HOME", dir.file("home")}, {"OMP_NUM_THREADS", "2"}};
   }
   std::vector<std::string> args(const std::string& run) const {
