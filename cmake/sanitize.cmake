@@ -20,7 +20,8 @@ file(GLOB_RECURSE ORCHARD_READER_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_SOURCE_DIR}/src/runs/*.cpp
   ${CMAKE_SOURCE_DIR}/src/infer/*.cpp
   ${CMAKE_SOURCE_DIR}/src/serve/*.cpp)
-add_library(orchard_reader_lib STATIC ${ORCHARD_READER_SOURCES} ${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP})
+add_library(orchard_reader_lib STATIC ${ORCHARD_READER_SOURCES} ${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP}
+  ${ORCHARD_TOKENIZERS_CPP})
 target_include_directories(orchard_reader_lib PUBLIC ${CMAKE_SOURCE_DIR}/src)
 target_include_directories(orchard_reader_lib PUBLIC ${HTTPLIB_INCLUDE})
 if(HTTPLIB_LIBRARY)
@@ -41,7 +42,8 @@ if(ORCHARD_WITH_CUDA)
 endif()
 target_precompile_headers(orchard_reader_lib PRIVATE ${CMAKE_SOURCE_DIR}/src/core/pch.h)
 orchard_skip_pch_without_torch(${ORCHARD_READER_SOURCES})
-set_source_files_properties(${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+set_source_files_properties(${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP} ${ORCHARD_TOKENIZERS_CPP}
+  PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
 
 enable_testing()
 find_package(GTest REQUIRED)
