@@ -160,6 +160,49 @@ cmd_build() {
   fi
 }
 
+# llama.cpp for the GGUF export tests (tests/gguf): node-llama-cpp's
+# prebuilt CPU binary for this platform and an independent GGUF reader, from
+# the npm registry, into the build folder (about 90 MB, 15 s). Without
+# Node.js or the registry those tests skip and say why; nothing else
+# depends on it.
+setup_llama_judge() {
+  local dir="$BUILD_DIR/llama-judge"
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    say "Node.js/npm not found: the llama.cpp judge of the GGUF tests is not installed (they will skip)"
+    return 0
+  fi
+  local platform
+  case "$(uname -s)-$(uname -m)" in
+    Linux-x86_64) platform=linux-x64 ;;
+    Linux-aarch64) platform=linux-arm64 ;;
+    Darwin-arm64) platform=mac-arm64-metal ;;
+    Darwin-x86_64) platform=mac-x64 ;;
+    *)
+      say "node-llama-cpp has no prebuilt llama.cpp for $(uname -sm): the GGUF tests will skip"
+      return 0 ;;
+  esac
+  local want
+  want=$(sed "s|@node-llama-cpp/PLATFORM|@node-llama-cpp/$platform|" "$ROOT/tests/gguf/package.json")
+  if [ -f "$dir/node_modules/node-llama-cpp/package.json" ] &&
+     [ "$want" = "$(cat "$dir/package.json" 2>/dev/null)" ]; then
+    return 0
+  fi
+  say "Installing llama.cpp for the GGUF tests (npm: node-llama-cpp, prebuilt $platform CPU build; about 90 MB)"
+  mkdir -p "$dir"
+  printf '%s\n' "$want" >"$dir/package.json"
+  local log="${TMPDIR:-/tmp}/orchard-llama-judge.log"
+  # --omit=optional: node-llama-cpp's optional dependencies are every
+  # platform's builds, CUDA and Vulkan ones among them (gigabytes); the one
+  # needed is named above. SKIP_DOWNLOAD: it must not fetch or compile
+  # llama.cpp itself.
+  if ! (cd "$dir" && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --omit=optional \
+          --no-audit --no-fund >"$log" 2>&1); then
+    tail -n 20 "$log" >&2
+    say "Installing the llama.cpp judge failed (log: $log); the GGUF tests will skip"
+    rm -f "$dir/package.json"
+  fi
+}
+
 # Every test: first the fuzz campaigns under the sanitizers for a second
 # each (the subset of `./orchard.sh fuzz` that CI runs; ORCHARD_NO_SANITIZE=1
 # leaves it out while iterating), then every test in ctest. The benchmarks
@@ -167,6 +210,7 @@ cmd_build() {
 cmd_test() {
   ORCHARD_SETUP_FOR_TESTS=1 cmd_setup
   cmd_build orchard_tests
+  [ "${ORCHARD_NO_SETUP:-}" = "1" ] || setup_llama_judge
   if [ "${ORCHARD_NO_SANITIZE:-}" != "1" ]; then
     ORCHARD_FUZZ_SECONDS="${ORCHARD_FUZZ_SECONDS:-1}" cmd_fuzz
   fi

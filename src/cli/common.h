@@ -94,5 +94,6 @@ Command register_lora(CLI::App& root);
 Command register_eval(CLI::App& root);
 Command register_solve(CLI::App& root);
 Command register_launch(CLI::App& root);
+Command register_export(CLI::App& root);
 
 } // namespace orchard::cli

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
       cli::register_eval(app),
       cli::register_solve(app),
       cli::register_launch(app),
+      cli::register_export(app),
   };
   try {
     configure_cpu_threads();

@@ -80,17 +80,18 @@ void ProjImpl::add_lora(
   dropout = p;
 }
 
-torch::Tensor ProjImpl::merged_weight() const {
+torch::Tensor ProjImpl::merged_weight(
+    std::optional<torch::ScalarType> dtype) const {
   torch::NoGradGuard no_grad;
   auto w = full_weight();
   if (!has_lora())
-    return w;
+    return dtype ? w.to(*dtype) : w;
   // float32 at least (float64 for a float64 weight).
   const auto acc = w.scalar_type() == torch::kFloat64 ? torch::kFloat64
                                                       : torch::kFloat32;
   auto delta =
       torch::matmul(lora_B->weight.to(acc), lora_A->weight.to(acc)) * scaling;
-  return (w.to(acc) + delta.to(w.device())).to(w.scalar_type());
+  return (w.to(acc) + delta.to(w.device())).to(dtype.value_or(w.scalar_type()));
 }
 
 bool ProjImpl::merge_lora() {

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,8 +73,10 @@ struct ProjImpl : torch::nn::Module {
   bool has_lora() const {
     return !lora_A.is_empty();
   }
-  // W + scaling * B A in W's dtype (the merged weight).
-  torch::Tensor merged_weight() const;
+  // W + scaling * B A (the merged weight), computed in float32 at least,
+  // returned in `dtype` (default: W's).
+  torch::Tensor merged_weight(
+      std::optional<torch::ScalarType> dtype = std::nullopt) const;
   // Folds the adapter into the weight (W := merged_weight()) and drops it,
   // for inference: an adapter then costs nothing per token. A 4-bit weight
   // keeps its adapter (its codes cannot take the sum). Returns whether it

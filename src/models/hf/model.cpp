@@ -696,6 +696,8 @@ Llama load_hf_model(const std::string& dir, const LoadOptions& opt) {
       out.copy_(t);
       return out.detach(); // a leaf of its own, not a view autograd tracks
     }
+    if (opt.map_weights && opt.device.is_cpu() && t.scalar_type() == dtype)
+      return t;
     // One copy, from the mapped file to the device and dtype asked for.
     auto out = t.to(opt.device, dtype, /*non_blocking=*/false, /*copy=*/true);
     return out;

@@ -180,6 +180,11 @@ struct LoadOptions {
   // up to 1 MiB unsplit at the end of each large block, 113 MB over a 3B
   // model's 108 MLP matrices, which one block does not.
   bool one_allocation = false;
+  // The weights stay views of the mapped safetensors files (CPU, dtype as
+  // stored): nothing is copied, and the pages read are the page cache's,
+  // which the kernel may drop. For one pass over the weights (export); a
+  // dtype or device that needs a conversion still copies.
+  bool map_weights = false;
 };
 
 // Reads config.json and the safetensors (one file or shards) of a model
