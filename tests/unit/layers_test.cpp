@@ -42,6 +42,9 @@ const std::map<std::string, std::set<std::string>>& allowed() {
         "train",
         "infer"}},
       {"serve", {"core", "text", "models", "data", "runs", "infer"}},
+      // Model files for other tools (GGUF, Ollama): not in ARCHITECTURE.md's
+      // table yet; it reads models and runs, as `lora merge` does.
+      {"export", {"core", "text", "ops", "models", "runs"}},
       {"cli",
        {"core",
         "text",
@@ -53,7 +56,8 @@ const std::map<std::string, std::set<std::string>>& allowed() {
         "train",
         "infer",
         "stages",
-        "serve"}},
+        "serve",
+        "export"}},
   };
   return a;
 }
