@@ -392,8 +392,9 @@ TEST(TrmCli, MazesTrainSolveAndEvaluate) {
 // chat` (a small BPE tokenizer trained on them), a causal TRM trained on
 // them, and `orchard chat` answering from it, every token from a fresh
 // carry and all supervision steps. 16 facts, each seen 8 times: the model
-// must answer them back (measured: 16 of 16 after 500 steps, 30 s on one
-// thread). Then what it refuses.
+// must answer them back (measured: 16 of 16 after 700 steps, 80 s on one
+// thread; after 500 steps 16 on the machine of 2026-11-24 but 13 on that of
+// 2026-11-27, whose BLAS rounds differently). Then what it refuses.
 TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
   TempDir t;
   const std::vector<std::string> colours = {
@@ -481,7 +482,7 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
   };
   auto r = test::run_orchard(
       with(
-          {"num_iterations=500", "save_every=500", "run_dir=" + t.file("run")}),
+          {"num_iterations=700", "save_every=700", "run_dir=" + t.file("run")}),
       kEnv);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("Chat: "), std::string::npos) << r.out;
@@ -505,6 +506,7 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
     right += c.out.find(
                  "The " + things[i] + " is " + colours[i % colours.size()] +
                  ".") != std::string::npos;
+  std::printf("%d of %zu facts answered right\n", right, things.size());
   EXPECT_GE(right, 14) << c.out;
   auto g = test::run_orchard(
       {"generate",
