@@ -61,7 +61,9 @@ class GptStage : public Stage {
   }
 
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
-    const PretrainConfig& cfg = section<PretrainConfig>(settings);
+    // With a batch schedule the micro-batch divides its unit.
+    PretrainConfig cfg = section<PretrainConfig>(settings);
+    train::resolve_batch_schedule(cfg, settings.origins);
     // The vocabulary: the given tokenizer's, or the size Orchard trains
     // for pretraining data.
     int64_t vocab = int64_t(train::kDefaultVocabSize);

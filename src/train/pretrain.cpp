@@ -212,11 +212,51 @@ BatchPlan plan_for(
   return plan;
 }
 
+BatchSchedule resolve_batch_schedule(
+    PretrainConfig& cfg,
+    const config::Origins& origins) {
+  BatchSchedule schedule =
+      BatchSchedule::parse(cfg.batch_schedule, cfg.batch_schedule_steps);
+  if (!schedule.on())
+    return schedule;
+  // Both set: the later source wins, as for the length of training; from
+  // one source they must agree (a run's config.yaml holds the schedule and
+  // its unit).
+  const int tbs = source_rank(origins, "total_batch_size"),
+            bs = source_rank(origins, "batch_schedule");
+  if (tbs > bs)
+    return {};
+  if (tbs == bs && cfg.total_batch_size != schedule.unit())
+    throw UserError(
+        "both total_batch_size and batch_schedule (" +
+        origins.at("batch_schedule") +
+        ") set the tokens of a step; keep one of them.");
+  // Every stage a whole number of micro-steps on every process.
+  const int64_t world = dist::size();
+  const int64_t micro = cfg.device_batch_size.value_or(1);
+  const int64_t per_micro = micro * cfg.max_seq_len * world;
+  for (size_t k = 0; k < schedule.stages(); ++k)
+    if (schedule.tokens()[k] % per_micro != 0)
+      throw UserError(
+          "batch_schedule[" + std::to_string(k) +
+          "] = " + std::to_string(schedule.tokens()[k]) +
+          " tokens is not a whole number of micro-steps of " +
+          std::to_string(per_micro) + " tokens (device_batch_size " +
+          (cfg.device_batch_size ? std::to_string(micro) : "at least 1") +
+          " x max_seq_len " + std::to_string(cfg.max_seq_len) +
+          (world > 1 ? " x " + std::to_string(world) + " processes" : "") +
+          "); make every entry a multiple of " + std::to_string(per_micro) +
+          ".");
+  cfg.total_batch_size = schedule.unit();
+  return schedule;
+}
+
 int64_t resolve_num_steps(
     const PretrainConfig& cfg,
     const config::Origins& origins,
     int64_t windows_per_epoch,
-    int64_t sequences_per_step) {
+    int64_t sequences_per_step,
+    const BatchSchedule& schedule) {
   struct Length {
     const char* key;
     bool set;
@@ -249,12 +289,17 @@ int64_t resolve_num_steps(
   if (key == "num_iterations")
     return *cfg.num_iterations;
   if (key == "target_tokens")
-    return std::max<int64_t>(
-        1, (*cfg.target_tokens + tokens_per_step - 1) / tokens_per_step);
+    return schedule.on()
+        ? schedule.steps_for(*cfg.target_tokens)
+        : std::max<int64_t>(
+              1, (*cfg.target_tokens + tokens_per_step - 1) / tokens_per_step);
   const double epochs = cfg.epochs.value_or(1.0);
   if (epochs <= 0)
     throw UserError(
         "epochs=" + fmt("%g", epochs) + ": train for more than 0 epochs.");
+  if (schedule.on())
+    return schedule.steps_for(int64_t(std::ceil(
+        epochs * double(windows_per_epoch) * double(cfg.max_seq_len))));
   return std::max<int64_t>(
       1,
       int64_t(std::ceil(
@@ -273,10 +318,12 @@ void copy_trainer_result(const TrainerResult& from, TrainResult& to) {
 }
 
 TrainResult run_training(
-    const PretrainConfig& cfg,
+    const PretrainConfig& given,
     const config::Origins& origins,
     const DeviceInfo& device,
     const SampleHook& sample) {
+  PretrainConfig cfg = given;
+  const BatchSchedule schedule = resolve_batch_schedule(cfg, origins);
   const torch::Device dev = device.device;
   const Precision precision = resolve_precision(cfg.dtype, device);
   const bool base = cfg.stage == "base", sft = cfg.stage == "sft";
@@ -461,8 +508,8 @@ TrainResult run_training(
           std::to_string(T + 1) +
           " tokens; give more text or a shorter max_seq_len.");
   }
-  const int64_t total =
-      resolve_num_steps(cfg, origins, windows_per_epoch, B * accum * world);
+  const int64_t total = resolve_num_steps(
+      cfg, origins, windows_per_epoch, B * accum * world, schedule);
   result.total = total;
 
   PretrainConfig resolved = cfg;
@@ -610,6 +657,7 @@ TrainResult run_training(
       .micro_batch = B,
       .grad_accum = accum,
       .tokens_per_step = cfg.total_batch_size,
+      .batch_schedule = schedule,
       .grad_clip = cfg.grad_clip,
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
@@ -646,10 +694,16 @@ TrainResult run_training(
         std::to_string(steps_accum) + " accumulation step(s)" +
         (world > 1 ? " on each of " + std::to_string(world) + " processes"
                    : "") +
-        ", " + std::to_string(cfg.total_batch_size) + " tokens per step; " +
-        std::to_string(total) + " steps (" +
+        (schedule.on() ? " per " + std::to_string(cfg.total_batch_size) +
+                 " tokens; batch schedule " + schedule.describe(total)
+                       : ", " + std::to_string(cfg.total_batch_size) +
+                 " tokens per step") +
+        "; " + std::to_string(total) + " steps (" +
         fmt("%.2f",
-            double(total * B * accum * world) /
+            double(
+                schedule.on()
+                    ? schedule.tokens_through(total, total) / cfg.max_seq_len
+                    : total * B * accum * world) /
                 double(std::max<int64_t>(1, windows_per_epoch))) +
         " epochs); run folder " + result.run_dir);
   }

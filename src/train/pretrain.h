@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "models/gpt.h"
+#include "train/batch_schedule.h"
 #include "train/memory_plan.h"
 #include "train/precision.h"
 #include "train/pretrain_config.h"
@@ -74,11 +75,24 @@ using SampleHook = std::function<void(
 // several are set, the one from the later source wins (command line over
 // environment over --config over preset); two from the same source are a
 // UserError.
+// With a batch schedule the tokens a step carries vary; target_tokens
+// and epochs then count the steps whose whole run carries that many.
 int64_t resolve_num_steps(
     const PretrainConfig& cfg,
     const config::Origins& origins,
     int64_t windows_per_epoch,
-    int64_t sequences_per_step);
+    int64_t sequences_per_step,
+    const BatchSchedule& schedule = {});
+
+// batch_schedule and batch_schedule_steps, checked against max_seq_len,
+// the processes and a set device_batch_size; with a schedule,
+// cfg.total_batch_size becomes its unit (the stages' greatest common
+// divisor), which planning and accumulation count in. UserError for a bad
+// entry, a stage that one micro-step of every process cannot divide, or
+// total_batch_size set too.
+BatchSchedule resolve_batch_schedule(
+    PretrainConfig& cfg,
+    const config::Origins& origins);
 
 // The planner's view of these settings (sequence, precision, optimizer,
 // checkpointing as set, device, fused attention).

@@ -99,6 +99,18 @@ const config::Schema& pretrain_schema() {
          .env = "TOTAL_BATCH_SIZE",
          .min = 1});
     s.add(
+        {.key = "batch_schedule",
+         .access = field(&C::batch_schedule),
+         .help = "tokens per step that grow during training, in place of "
+                 "total_batch_size: one entry a stage, e.g. "
+                 "[2*2048*8,4*2048*8,6*2048*8] (modded-nanogpt's "
+                 "train_bs_schedule: thirds of training); [] = off"});
+    s.add(
+        {.key = "batch_schedule_steps",
+         .access = field(&C::batch_schedule_steps),
+         .help = "with batch_schedule: the steps after which each later "
+                 "stage begins, e.g. [300,600] ([] = equal parts)"});
+    s.add(
         {.key = "gradient_checkpointing",
          .access = field(&C::gradient_checkpointing),
          .help = "recompute each block in the backward to save memory (auto: "

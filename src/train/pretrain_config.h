@@ -52,7 +52,12 @@ struct PretrainConfig : train::TrainingConfig {
   double val_fraction = kDefaultValFraction; // of data_paths' documents
 
   // Batch
-  int64_t total_batch_size = 4096;             // tokens per optimizer step
+  int64_t total_batch_size = 4096; // tokens per optimizer step
+  // A step that grows during training (train/batch_schedule.h): tokens per
+  // step of each stage, and the steps after which later stages begin
+  // (empty: equal parts). Replaces total_batch_size.
+  std::vector<std::string> batch_schedule;
+  std::vector<std::string> batch_schedule_steps;
   std::string gradient_checkpointing = "auto"; // auto | true | false
 
   // Length: num_iterations, epochs (shared) or target_tokens (a later

@@ -298,6 +298,12 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   last_checkpoint_ = dir;
 }
 
+int64_t Trainer::step_multiple(int64_t step) const {
+  return opt_.batch_schedule.on()
+      ? opt_.batch_schedule.multiple_at(step, opt_.total_steps)
+      : 1;
+}
+
 void Trainer::take_step(
     int64_t step,
     double& loss,
@@ -305,13 +311,14 @@ void Trainer::take_step(
     bool& applied) {
   optimizers_.zero_grad();
   const double scale = scaler_.scale();
+  const int64_t accum = opt_.grad_accum * step_multiple(step);
   torch::Tensor loss_sum;
-  for (int64_t m = 0; m < opt_.grad_accum; ++m) {
+  for (int64_t m = 0; m < accum; ++m) {
     torch::Tensor micro;
     {
       compat::AutocastGuard autocast(
           opt_.device.type(), opt_.precision.compute);
-      micro = task_.micro_step() / double(opt_.grad_accum);
+      micro = task_.micro_step() / double(accum);
     }
     TORCH_CHECK_WITH(
         OutOfMemoryError,
@@ -521,7 +528,8 @@ TrainerResult Trainer::run() {
       non_finite_run = 0;
     }
     const double dt = now_s() - t0;
-    const double tok_s = double(opt_.tokens_per_step) / std::max(dt, 1e-9);
+    const int64_t step_tokens = opt_.tokens_per_step * step_multiple(step);
+    const double tok_s = double(step_tokens) / std::max(dt, 1e-9);
     const double lr =
         peak_lr *
         lr_multiplier(
@@ -550,6 +558,17 @@ TrainerResult Trainer::run() {
         {"elapsed_s", seconds_}};
     if (scaler_.enabled())
       row["loss_scale"] = scaler_.scale();
+    if (opt_.batch_schedule.on()) {
+      row["batch_tokens"] = double(step_tokens);
+      if (done < opt_.total_steps && step_multiple(done) != step_multiple(step))
+        progress.message(
+            "step " + std::to_string(done + 1) + " on: " +
+            std::to_string(opt_.tokens_per_step * step_multiple(done)) +
+            " tokens a step (batch_schedule stage " +
+            std::to_string(
+                opt_.batch_schedule.stage_at(done, opt_.total_steps) + 1) +
+            " of " + std::to_string(opt_.batch_schedule.stages()) + ")");
+    }
     for (const auto& [k, v] : extra)
       row.emplace(k, v);
     if (leader)

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "runs/checkpoint.h"
+#include "train/batch_schedule.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 
@@ -92,7 +93,11 @@ struct TrainerOptions {
   int64_t micro_batch = 1;     // sequences per micro-step
   int64_t grad_accum = 1;      // micro-steps per optimizer step
   int64_t tokens_per_step = 0; // for tokens/s
-  double grad_clip = 1.0;      // 0: off
+  // A step that grows (train/batch_schedule.h): step s takes
+  // multiple_at(s) times grad_accum micro-steps of tokens_per_step's unit,
+  // where tokens_per_step and grad_accum are the schedule's unit.
+  BatchSchedule batch_schedule;
+  double grad_clip = 1.0; // 0: off
   int64_t warmup_steps = 0;
   double warmdown_ratio = 0.2;
   bool ema = false;
@@ -152,6 +157,9 @@ class Trainer {
   // With several processes: rank 0's weights (and EMA) on every rank.
   void same_weights_everywhere();
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
+  // How many units of grad_accum micro-steps step `step` takes (1 without
+  // a batch schedule).
+  int64_t step_multiple(int64_t step) const;
   // After an out-of-memory error in step `step`: frees the caches, lowers
   // the micro-batch to its largest proper divisor (half, when even) and
   // raises accumulation to match (UserError at one sequence), and rewinds

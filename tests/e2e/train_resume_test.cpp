@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -343,6 +344,127 @@ TEST(TrainResume, IndivisibleBatchIsTheKnownMessage) {
           "total_batch_size must be divisible by device_batch_size × max_seq_len"),
       std::string::npos)
       << r.err;
+}
+
+// `key=value` in place of the argument that sets `key`, or added.
+std::vector<std::string> with(
+    std::vector<std::string> args,
+    const std::string& kv) {
+  const std::string key = kv.substr(0, kv.find('=') + 1);
+  for (auto& a : args)
+    if (a.rfind(key, 0) == 0) {
+      a = kv;
+      return args;
+    }
+  args.push_back(kv);
+  return args;
+}
+
+std::vector<double> logged(const std::string& metrics, const std::string& key) {
+  std::vector<double> out;
+  std::istringstream in(test::read_text(metrics));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key))
+      out.push_back(j[key].get<double>());
+  }
+  return out;
+}
+
+// batch_schedule (modded-nanogpt's train_bs_schedule): steps of 256, 512
+// and 768 tokens over thirds of the run, each logged; with a constant
+// learning rate the run is, bit for bit, the one that raises
+// total_batch_size by hand at each stage's first step; killed in the
+// second stage it resumes bit-exact.
+TEST(TrainBatchSchedule, StepsGrowByThirdsAsByHandAndResumeExactly) {
+  TinyRun t;
+  auto args = [&](const std::string& run, const std::string& batch, int steps) {
+    auto a = t.args(run);
+    a.erase(std::find(a.begin(), a.end(), "total_batch_size=256"));
+    a.push_back(batch);
+    a = with(a, "num_iterations=" + std::to_string(steps));
+    a = with(a, "save_every=2");
+    a.push_back("warmdown_ratio=0");
+    a.push_back("device_batch_size=8");
+    return a;
+  };
+  const std::string schedule = "batch_schedule=[256,2*256,3*256]";
+  auto ref = test::run_orchard(args("sched", schedule, 12), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  EXPECT_NE(
+      ref.out.find("batch schedule 256 tokens a step for steps 1-4, 512 for "
+                   "steps 5-8, 768 for steps 9-12"),
+      std::string::npos)
+      << ref.out;
+  EXPECT_NE(ref.out.find("step 5 on: 512 tokens a step"), std::string::npos)
+      << ref.out;
+  std::vector<double> want_tokens;
+  for (int step = 0; step < 12; ++step) // modded-nanogpt: thirds of 12
+    want_tokens.push_back(256.0 * (1 + std::min(2, 3 * step / 12)));
+  EXPECT_EQ(
+      logged(t.dir.file("sched/metrics.jsonl"), "batch_tokens"), want_tokens);
+  const auto final_weights = [&](const std::string& run) {
+    return safetensors::load(
+        t.dir.file(run + "/checkpoints/step_000012/model.safetensors"));
+  };
+
+  // By hand: 4 steps of 256 tokens, then on to step 8 with 512, then to 12
+  // with 768.
+  for (const auto& [tokens, until] : {std::pair{256, 4}, {512, 8}, {768, 12}}) {
+    auto r = test::run_orchard(
+        args("hand", "total_batch_size=" + std::to_string(tokens), until),
+        t.env);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  expect_identical(
+      final_weights("hand"),
+      final_weights("sched"),
+      "batch_schedule against total_batch_size raised by hand");
+
+  pid_t pid = test::spawn_orchard(
+      args("killed", schedule, 12), t.env, t.dir.file("killed.log"));
+  const bool mid_run = wait_for_checkpoint(t.dir.file("killed"), 6, pid);
+  ::kill(pid, SIGKILL);
+  test::wait_child(pid);
+  EXPECT_TRUE(mid_run);
+  auto again = test::run_orchard(args("killed", schedule, 12), t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(again.out.find("Resuming from"), std::string::npos) << again.out;
+  expect_identical(
+      final_weights("killed"),
+      final_weights("sched"),
+      "killed in the second stage");
+  EXPECT_EQ(
+      logged(t.dir.file("killed/metrics.jsonl"), "batch_tokens"), want_tokens);
+}
+
+TEST(TrainBatchSchedule, BadSchedulesExitTwoWithTheFix) {
+  TinyRun t;
+  auto run = [&](std::vector<std::string> extra) {
+    auto a = t.args("bad");
+    a.erase(std::find(a.begin(), a.end(), "total_batch_size=256"));
+    for (const auto& e : extra)
+      a.push_back(e);
+    return test::run_orchard(a, t.env);
+  };
+  auto r = run({"batch_schedule=[256,300]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("batch_schedule[1] = 300 tokens is not a whole number "
+                 "of micro-steps of 32 tokens"),
+      std::string::npos)
+      << r.err;
+  r = run({"batch_schedule=[256,lots]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("batch_schedule[1] = 'lots'"), std::string::npos)
+      << r.err;
+  r = run({"batch_schedule_steps=[10]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("without batch_schedule"), std::string::npos) << r.err;
+  r = run({"batch_schedule=[512,1024]", "total_batch_size=256"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("keep one of them"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(t.dir.file("bad/checkpoints")));
 }
 
 } // namespace
