@@ -4,6 +4,8 @@
 #include "core/torch_compat.h"
 #include "models/checkpointing.h"
 #include "ops/attention.h"
+#include "ops/linear_cross_entropy.h"
+#include "ops/rms_norm.h"
 
 #include <cmath>
 #include <limits>
@@ -61,7 +63,7 @@ torch::Tensor rms_norm(const torch::Tensor& x) {
   double eps = x.scalar_type() == torch::kFloat64
       ? std::numeric_limits<double>::epsilon()
       : std::numeric_limits<float>::epsilon();
-  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return ops::rms_norm_unscaled(x, eps);
 }
 
 torch::Tensor apply_rotary(
@@ -101,8 +103,11 @@ std::array<torch::Tensor, 3> CausalSelfAttentionImpl::qkv(
     const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   if (qkv_weight.defined()) {
-    auto y = torch::nn::functional::linear(x, qkv_weight).split_with_sizes(
-        {n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim}, -1);
+    auto y =
+        torch::nn::functional::linear(x, qkv_weight)
+            .split_with_sizes(
+                {n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim},
+                -1);
     return {
         y[0].view({B, T, n_head, head_dim}),
         y[1].view({B, T, n_kv_head, head_dim}),
@@ -182,7 +187,10 @@ MlpImpl::MlpImpl(const GptConfig& c) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return c_proj(torch::relu(c_fc(x)).square());
+  // r * r rather than square(): autocast runs pow in float32, which would
+  // write the (B, T, 4C) activation in float32 and cast it back.
+  auto r = torch::relu(c_fc(x));
+  return c_proj(r * r);
 }
 
 BlockImpl::BlockImpl(const GptConfig& c) {
@@ -265,7 +273,9 @@ int64_t GptImpl::prepare_inference() {
     if (!plain)
       continue;
     a.qkv_weight = torch::cat(
-        {ps[0]->weight.detach(), ps[1]->weight.detach(), ps[2]->weight.detach()},
+        {ps[0]->weight.detach(),
+         ps[1]->weight.detach(),
+         ps[2]->weight.detach()},
         0);
     int64_t row = 0;
     for (auto* p : ps) {
@@ -305,7 +315,7 @@ int64_t GptImpl::num_parameters() const {
   return n;
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
+torch::Tensor GptImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
   const int64_t T = idx.size(1);
   const int64_t start = cache ? cache->length() : 0;
   if (start + T > config.max_seq_len)
@@ -330,7 +340,11 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
                         sin,
                         cache ? &cache->k[i] : nullptr,
                         cache ? &cache->v[i] : nullptr);
-  auto logits = lm_head(rms_norm(x)); // (B, T, V)
+  return rms_norm(x);
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
+  auto logits = lm_head(hidden(idx, cache)); // (B, T, V)
   auto compute = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64
                                                          : torch::kFloat32;
   logits = logits.to(compute);
@@ -340,11 +354,12 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {
 torch::Tensor GptImpl::loss(
     const torch::Tensor& idx,
     const torch::Tensor& targets) {
-  auto logits = forward(idx);
-  return torch::nn::functional::cross_entropy(
-      logits.view({-1, logits.size(-1)}),
-      targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+  auto h = hidden(idx, nullptr);
+  auto flat = h.reshape({-1, h.size(-1)});
+  auto tgt = targets.reshape({-1});
+  auto total = ops::linear_cross_entropy(
+      flat, lm_head->weight, tgt, /*chunk=*/0, config.softcap);
+  return total / tgt.ne(-1).sum().clamp_min(1).to(total.scalar_type());
 }
 
 torch::Tensor GptImpl::decode_batch(

@@ -128,7 +128,10 @@ struct GptImpl : AdaptableModel {
       const torch::Tensor& pos,
       BatchKvCache& cache,
       int64_t key_len = 0) override;
-  // Mean cross-entropy over targets != -1 (ignored positions).
+  // Mean cross-entropy of the soft-capped logits over targets != -1
+  // (ignored positions), over chunks of rows (ops/linear_cross_entropy.h):
+  // the (B, T, V) logits are never held whole. Equals cross_entropy of
+  // forward()'s logits.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets)
       override;
   int64_t max_seq_len() const override {
@@ -159,6 +162,8 @@ struct GptImpl : AdaptableModel {
   torch::Tensor rope_cos, rope_sin; // (max_seq_len, D/2), buffers
 
  private:
+  // The final normed hidden states (B, T, C), the head's input.
+  torch::Tensor hidden(const torch::Tensor& idx, KvCache* cache);
   // Block i on positions 0..T-1 as a function of its input, for
   // checkpointing (which needs a function that outlives the forward).
   std::vector<std::function<torch::Tensor(const torch::Tensor&)>> block_fns_;
@@ -166,7 +171,8 @@ struct GptImpl : AdaptableModel {
 TORCH_MODULE(Gpt);
 
 // x / rms(x) over the last dimension, eps as PyTorch's rms_norm default
-// (the dtype's machine epsilon).
+// (the dtype's machine epsilon); in float32 at least, the result in x's
+// dtype (ops::rms_norm_unscaled: libtorch's fused kernel on CUDA).
 torch::Tensor rms_norm(const torch::Tensor& x);
 
 // Rotates pairs (x[..., :D/2], x[..., D/2:]) by the position angles.

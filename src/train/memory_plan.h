@@ -13,8 +13,10 @@
 //                L B T k C + B T (a C + h H T)   with it (each block keeps
 //                its float32 input, k = 4 by count; one block's
 //                intermediates live again while it is recomputed)
-//   logits       B T V g                  lm_head output, soft-cap, log-softmax
-//                and their gradients, float32
+//   logits       R V g + 8 V C            one chunk of R = min(B T, the loss's
+//                chunk rows) rows of lm_head output, soft-cap, softmax and
+//                gradient, float32; the head's gradient and its scaled copy
+//                (the loss takes the gradients in its forward)
 //   workspace    a constant per device (cuBLAS/cuDNN scratch, allocator slack)
 //
 // a: bytes per token per unit of width kept by one block (all coefficients

@@ -96,6 +96,44 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
   EXPECT_GE(checked, 40);
 }
 
+// loss() (the chunked soft-capped cross-entropy) is the cross-entropy of
+// forward()'s logits, in value and in every weight's gradient.
+TEST(Gpt, LossIsTheCrossEntropyOfTheLogits) {
+  torch::manual_seed(3);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const double tol = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+    Gpt m(tiny(2));
+    m->to(dtype);
+    {
+      torch::NoGradGuard g;
+      for (auto& p : m->parameters())
+        p.normal_(0.0, 1.0); // logits of several units: the cap bends them
+    }
+    auto idx = torch::randint(0, 11, {3, 8}, torch::kLong);
+    auto targets = torch::randint(0, 11, {3, 8}, torch::kLong);
+    targets[1][2] = -1;
+    auto logits = m->forward(idx);
+    auto want = torch::nn::functional::cross_entropy(
+        logits.view({-1, 11}),
+        targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+    want.backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (auto& p : m->named_parameters()) {
+      grads[p.key()] = p.value().grad().clone();
+      p.value().mutable_grad() = torch::Tensor();
+    }
+    auto got = m->loss(idx, targets);
+    EXPECT_NEAR(got.item<double>(), want.item<double>(), tol);
+    got.backward();
+    for (auto& p : m->named_parameters())
+      EXPECT_TRUE(
+          torch::allclose(p.value().grad(), grads.at(p.key()), tol, tol))
+          << p.key() << " " << dtype << ": max diff "
+          << (p.value().grad() - grads.at(p.key())).abs().max().item<double>();
+  }
+}
+
 TEST(Gpt, OverfitsOneBatch) {
   torch::manual_seed(1);
   Gpt m(tiny(2));

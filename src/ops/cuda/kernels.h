@@ -218,4 +218,24 @@ int rms_norm_unscaled_backward(
     int64_t count,
     void* stream);
 
+// The cross-entropy of each row of logits z (rows, V; row stride ld >= V;
+// type T; the columns past V are neither read nor written)
+// against targets (rows int64 on the device; -1: ignored, loss 0), the
+// logits soft-capped first (s = cap * tanh(z / cap); cap 0: s = z), all
+// in float32: loss[r] = logsumexp(s[r]) - s[r][target[r]]
+// (cross_entropy.cu). With write_grad, z is overwritten by the gradient
+// of the loss with respect to z: T((softmax(s) - onehot) * (1 - tanh^2)),
+// a zero row for an ignored target.
+int softcap_cross_entropy(
+    Dtype dtype,
+    void* z,
+    const int64_t* targets,
+    float* loss,
+    int64_t rows,
+    int64_t V,
+    int64_t ld,
+    float softcap,
+    bool write_grad,
+    void* stream);
+
 } // namespace orchard::ops::cuda

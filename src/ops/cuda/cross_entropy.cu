@@ -1,0 +1,142 @@
+// The soft-capped cross-entropy of one chunk of logits rows, with its
+// gradient written over the logits (ops/linear_cross_entropy.cpp's chunk
+// loop; its plain ops are the oracle). The plain chunk is about ten passes
+// over float32 (rows, V) tensors: cast, divide, tanh, multiply, logsumexp,
+// subtract, exp, scatter, mask, the cap's derivative. Here: one read of the
+// logits in their own dtype for the row's log-sum-exp, and one read and
+// one write for the gradient; a chunk of bfloat16 logits fits in an H100's
+// L2, so both passes mostly hit it.
+#include "ops/cuda/numeric.cuh"
+
+#include <cmath>
+
+namespace orchard::ops::cuda {
+namespace {
+
+constexpr int kRowThreads = 512;
+
+// cap * tanh(x / cap), or x when cap is 0; t receives tanh(x / cap).
+__device__ inline float capped(float x, float cap, float& t) {
+  if (cap > 0.0f) {
+    t = tanhf(x / cap);
+    return cap * t;
+  }
+  t = 0.0f;
+  return x;
+}
+
+// (m, l) with l = sum exp(s - m): two partial sums joined.
+__device__ inline void join(float& m, float& l, float m2, float l2) {
+  const float top = fmaxf(m, m2);
+  if (top == -INFINITY)
+    return; // both empty
+  l = l * expf(m - top) + l2 * expf(m2 - top);
+  m = top;
+}
+
+// One block per row of z (rows, ld): its first V columns.
+template <typename T>
+__global__ void softcap_cross_entropy_kernel(
+    T* __restrict__ z,
+    const int64_t* __restrict__ targets,
+    float* __restrict__ loss,
+    int64_t V,
+    int64_t ld,
+    float cap,
+    bool write_grad) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  __shared__ float part_m[kRowThreads / kWarp], part_l[kRowThreads / kWarp];
+  __shared__ float row_lse;
+  T* zr = z + int64_t(blockIdx.x) * ld;
+  const int64_t target = targets[blockIdx.x];
+  float m = -INFINITY, l = 0.0f, t;
+  for (int64_t j = threadIdx.x; j < V; j += kRowThreads) {
+    const float s = capped(to_float(zr[j]), cap, t);
+    if (s > m) {
+      l = l * expf(m - s) + 1.0f;
+      m = s;
+    } else if (m > -INFINITY) {
+      l += expf(s - m);
+    }
+  }
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    join(m, l, m2, l2);
+  }
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = l;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    constexpr int kWarps = kRowThreads / kWarp;
+    m = lane < kWarps ? part_m[lane] : -INFINITY;
+    l = lane < kWarps ? part_l[lane] : 0.0f;
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+      const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
+      join(m, l, m2, l2);
+    }
+    if (lane == 0) {
+      const float lse = m + logf(l);
+      row_lse = lse;
+      // A target past the vocabulary (the caller's bug) reads nothing and
+      // makes the loss NaN, where the plain ops' gather would fault.
+      loss[blockIdx.x] = target < 0 ? 0.0f
+          : target < V ? lse - capped(to_float(zr[target]), cap, t)
+                       : NAN;
+    }
+  }
+  __syncthreads(); // every thread has read its logits before any is written
+  if (!write_grad)
+    return;
+  const float lse = row_lse;
+  const bool valid = target >= 0;
+  for (int64_t j = threadIdx.x; j < V; j += kRowThreads) {
+    float d = 0.0f;
+    if (valid) {
+      const float s = capped(to_float(zr[j]), cap, t);
+      d = expf(s - lse) - (j == target ? 1.0f : 0.0f);
+      if (cap > 0.0f)
+        d *= 1.0f - t * t;
+    }
+    zr[j] = from_float<T>(d);
+  }
+}
+
+} // namespace
+
+int softcap_cross_entropy(
+    Dtype dtype,
+    void* z,
+    const int64_t* targets,
+    float* loss,
+    int64_t rows,
+    int64_t V,
+    int64_t ld,
+    float softcap,
+    bool write_grad,
+    void* stream) {
+  if (rows == 0 || V == 0)
+    return 0;
+  return dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    return launch_dependent(
+        softcap_cross_entropy_kernel<T>,
+        dim3(unsigned(rows)),
+        dim3(kRowThreads),
+        cudaStream_t(stream),
+        static_cast<T*>(z),
+        targets,
+        loss,
+        V,
+        ld,
+        softcap,
+        write_grad);
+  });
+}
+
+} // namespace orchard::ops::cuda
