@@ -113,6 +113,55 @@ inline std::optional<torch::Tensor> fused_rms_norm(
   return std::nullopt;
 }
 
+// One AdamW step over lists of float32 CUDA tensors sharing a step count,
+// with libtorch 2.x's fused multi-tensor kernel (at::_fused_adamw_, what
+// torch.optim.AdamW(fused=True) calls): one pass that reads each weight,
+// gradient and moment once, against the nine multi-tensor ops of the
+// plain update. Decoupled weight decay, bias corrections from `step`
+// (the count after this update), eps added after the corrected square
+// root: PyTorch's AdamW. false: not available (libtorch 1.13, or tensors
+// not on CUDA); nothing was changed.
+inline bool fused_adamw(
+    const std::vector<torch::Tensor>& params,
+    const std::vector<torch::Tensor>& grads,
+    const std::vector<torch::Tensor>& exp_avg,
+    const std::vector<torch::Tensor>& exp_avg_sq,
+    int64_t step,
+    double lr,
+    double beta1,
+    double beta2,
+    double weight_decay,
+    double eps) {
+#if ORCHARD_AUTOCAST_BY_DEVICE_TYPE // libtorch 2.4 or later
+  if (params.empty() || !params.front().is_cuda())
+    return false;
+  // The kernel reads each tensor's step from a float32 device scalar; one
+  // shared by the list (it does not advance them itself).
+  auto steps = torch::scalar_tensor(
+      double(step), params.front().options().dtype(torch::kFloat32));
+  std::vector<torch::Tensor> step_list(params.size(), steps);
+  at::_fused_adamw_(
+      params,
+      grads,
+      exp_avg,
+      exp_avg_sq,
+      {},
+      step_list,
+      lr,
+      beta1,
+      beta2,
+      weight_decay,
+      eps,
+      /*amsgrad=*/false,
+      /*maximize=*/false);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avg, (void)exp_avg_sq, (void)step;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  return false;
+#endif
+}
+
 // Drops autocast's cached weight casts (no-op outside autocast): casts
 // cached under torch::NoGradGuard carry no gradient, and reusing them later
 // in the same autocast region detaches the weights (PyTorch issue 112583).

@@ -210,6 +210,19 @@ void Optimizers::adamw_step(size_t gi, double lr, int64_t opt_step) {
         ++states[i].step;
       }
       start = end;
+      if (options_.fused_adamw &&
+          compat::fused_adamw(
+              params,
+              grads,
+              avg,
+              sq,
+              step,
+              lr,
+              b1,
+              b2,
+              g.weight_decay,
+              options_.adam_eps))
+        continue;
       at::_foreach_mul_(params, 1 - lr * g.weight_decay);
       at::_foreach_mul_(avg, b1);
       at::_foreach_add_(avg, grads, 1 - b1);

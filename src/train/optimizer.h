@@ -75,6 +75,10 @@ struct OptimizerOptions {
   // temporary, where 64M was 256 MB: a 3B model's LoRA step, 30M adapter
   // values, then peaked 120 MB above its state).
   int64_t adam_slice_elements = int64_t(1) << 22;
+  // Float32 AdamW tensors on CUDA are updated by libtorch's fused kernel
+  // (compat::fused_adamw) where it has one; false: the multi-tensor ops
+  // everywhere (the tests' oracle for the fused kernel).
+  bool fused_adamw = true;
   // AdamW's moments in 8 bits a value (train/low_precision_state.h), for
   // every AdamW tensor: optim=adamw_8bit.
   bool adam_8bit = false;

@@ -2,6 +2,7 @@
 // step worked by hand, AdamW against libtorch's own, and state round trips.
 #include "train/optimizer.h"
 #include "core/error.h"
+#include "core/torch_compat.h"
 
 #include <gtest/gtest.h>
 
@@ -182,6 +183,27 @@ TEST(Optimizers, AdamwGroupsMatchLibtorchAdamw) {
   EXPECT_TRUE(torch::allclose(a, b, 0, 0));
 }
 
+// libtorch's AdamW (the oracle) over two groups as the tests' Optimizers
+// build them: group a at lr 0.01 with weight decay 0.1, group b at lr
+// 0.003 without; beta1 0.9, eps 1e-8.
+std::unique_ptr<torch::optim::AdamW> libtorch_adamw(
+    std::vector<torch::Tensor> a,
+    std::vector<torch::Tensor> b,
+    double beta2) {
+  auto opts = [&](double lr, double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(lr)
+            .betas({0.9, beta2})
+            .eps(1e-8)
+            .weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::move(a), opts(0.01, 0.1));
+  groups.emplace_back(std::move(b), opts(0.003, 0));
+  return std::make_unique<torch::optim::AdamW>(
+      std::move(groups), torch::optim::AdamWOptions(1));
+}
+
 void check_multi_tensor_adamw(int64_t slice) {
   torch::manual_seed(3);
   std::vector<std::vector<int64_t>> shapes = {{4, 3}, {7}, {2, 5, 3}, {1}};
@@ -199,19 +221,8 @@ void check_multi_tensor_adamw(int64_t slice) {
        .adam_beta2 = 0.999,
        .adam_eps = 1e-8,
        .adam_slice_elements = slice});
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  auto opts = [](double lr, double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(lr)
-            .betas({0.9, 0.999})
-            .eps(1e-8)
-            .weight_decay(wd));
-  };
-  groups.emplace_back(
-      std::vector<torch::Tensor>{ref[0], ref[1]}, opts(0.01, 0.1));
-  groups.emplace_back(
-      std::vector<torch::Tensor>{ref[2], ref[3]}, opts(0.003, 0));
-  torch::optim::AdamW lib(std::move(groups), torch::optim::AdamWOptions(1));
+  auto libptr = libtorch_adamw({ref[0], ref[1]}, {ref[2], ref[3]}, 0.999);
+  auto& lib = *libptr;
   for (int s = 0; s < 5; ++s) {
     for (size_t i = 0; i < ours.size(); ++i) {
       if (s == 2 && i == 1) { // w1 gets no gradient at step 2
@@ -253,6 +264,60 @@ TEST(Optimizers, MultiTensorAdamwMatchesLibtorchWithASkippedTensor) {
   // a slice of its own).
   for (int64_t slice : {int64_t(1) << 26, int64_t(10)})
     check_multi_tensor_adamw(slice);
+}
+
+// On CUDA, float32 AdamW tensors go through libtorch's fused kernel
+// (compat::fused_adamw): five steps of two groups, one tensor missing a
+// step, against libtorch's per-tensor AdamW on the same device. The kernel
+// rounds differently, so equal to float32's precision, not bit for bit.
+// Skipped without a GPU or on libtorch 1.13 (no fused kernel).
+TEST(Optimizers, FusedCudaAdamwMatchesLibtorchAdamw) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device";
+  {
+    auto p = torch::zeros({2}, torch::kCUDA);
+    if (!compat::fused_adamw({p}, {p.clone()}, {p.clone()}, {p.clone()}, 1,
+                             0.1, 0.9, 0.99, 0.0, 1e-8))
+      GTEST_SKIP() << "this libtorch has no fused AdamW";
+    // With a zero gradient and no decay the step moves nothing.
+    EXPECT_TRUE(torch::equal(p, torch::zeros_like(p)));
+  }
+  torch::manual_seed(5);
+  const std::vector<std::vector<int64_t>> shapes = {{64, 33}, {7}, {5, 3}};
+  std::vector<torch::Tensor> ours, ref, start;
+  for (const auto& shape : shapes) {
+    auto t = torch::randn(shape, torch::kCUDA);
+    start.push_back(t.clone());
+    ours.push_back(t.clone().requires_grad_(true));
+    ref.push_back(t.clone().requires_grad_(true));
+  }
+  Optimizers opt(
+      {{"a", {{"w0", ours[0]}, {"w1", ours[1]}}, 0.01, 0.1, false},
+       {"b", {{"w2", ours[2]}}, 0.003, 0.0, false}},
+      {.adam_beta1 = 0.9, .adam_beta2 = 0.95, .adam_eps = 1e-8});
+  auto lib = libtorch_adamw({ref[0], ref[1]}, {ref[2]}, 0.95);
+  for (int s = 0; s < 5; ++s) {
+    for (size_t i = 0; i < ours.size(); ++i) {
+      if (s == 2 && i == 1) {
+        ours[i].mutable_grad() = torch::Tensor();
+        ref[i].mutable_grad() = torch::Tensor();
+        continue;
+      }
+      auto g = torch::randn(shapes[i], torch::kCUDA);
+      ours[i].mutable_grad() = g.clone();
+      ref[i].mutable_grad() = g.clone();
+    }
+    opt.step(1.0, s);
+    lib->step();
+  }
+  for (size_t i = 0; i < ours.size(); ++i) {
+    // The update moved the weight (five steps of lr 0.01 or 0.003)...
+    EXPECT_GT((ours[i] - start[i]).abs().max().item<float>(), 1e-3f) << i;
+    // ...to where libtorch's AdamW moved it, to float32's precision.
+    EXPECT_TRUE(torch::allclose(ours[i], ref[i], 1e-5, 1e-6))
+        << i << ": max difference "
+        << (ours[i] - ref[i]).abs().max().item<float>();
+  }
 }
 
 TEST(Optimizers, StateRoundTripsAndContinuesIdentically) {
