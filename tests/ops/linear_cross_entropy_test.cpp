@@ -87,6 +87,8 @@ TEST(LinearCrossEntropy, SoftCappedWithATrainedHeadEqualsThePlainLoss) {
   }
 }
 
+void check_cuda_kernel(torch::Device cuda, int64_t V);
+
 // On CUDA each chunk's loss and gradient come from one kernel
 // (cuda::softcap_cross_entropy) over the logits in their own dtype. In
 // float32 it equals the plain definition on the CPU; under bfloat16
@@ -97,7 +99,14 @@ TEST(LinearCrossEntropy, SoftCappedWithATrainedHeadEqualsThePlainLoss) {
 TEST(LinearCrossEntropy, TheCudaKernelEqualsThePlainDefinition) {
   REQUIRE_KERNELS(cuda);
   torch::manual_seed(13);
-  const int64_t N = 37, C = 64, V = 1999;
+  // 1999: padded to 2048, the last 16-byte piece of a row part padding;
+  // 2048: no padding.
+  for (int64_t V : {1999, 2048})
+    check_cuda_kernel(cuda, V);
+}
+
+void check_cuda_kernel(torch::Device cuda, int64_t V) {
+  const int64_t N = 37, C = 64;
   auto w0 = torch::randn({V, C}) * 0.5;
   auto h0 = torch::randn({N, C}) * 0.5;
   auto targets = torch::randint(0, V, {N}, torch::kLong);
@@ -120,7 +129,8 @@ TEST(LinearCrossEntropy, TheCudaKernelEqualsThePlainDefinition) {
           got = linear_cross_entropy(h, w, targets.to(cuda), chunk, cap);
         }
         got.backward(torch::full({}, 0.5, got.options()));
-        const std::string what = "cap " + std::to_string(cap) + " chunk " +
+        const std::string what = "V " + std::to_string(V) + " cap " +
+            std::to_string(cap) + " chunk " +
             std::to_string(chunk) + (bf16 ? " bf16" : " fp32");
         EXPECT_NEAR(got.item<double>(), want.item<double>(),
                     tol * std::abs(want.item<double>()))

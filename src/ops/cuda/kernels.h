@@ -218,8 +218,9 @@ int rms_norm_unscaled_backward(
     int64_t count,
     void* stream);
 
-// The cross-entropy of each row of logits z (rows, V; row stride ld >= V;
-// type T; the columns past V are neither read nor written)
+// The cross-entropy of each row of logits z (rows, V; row stride ld >= V,
+// a multiple of 16 bytes, z 16-byte aligned, else cudaErrorInvalidValue;
+// type T; the columns past V are left as they are)
 // against targets (rows int64 on the device; -1: ignored, loss 0), the
 // logits soft-capped first (s = cap * tanh(z / cap); cap 0: s = z), all
 // in float32: loss[r] = logsumexp(s[r]) - s[r][target[r]]

@@ -67,6 +67,37 @@ __device__ inline void unpack16(const uint4& raw, float* out) {
     out[e] = to_float(v[e]);
 }
 
+// V values of T from p as float32, in one 16-byte load where
+// V * sizeof(T) == 16 (p then 16-byte aligned).
+template <typename T, int V>
+__device__ inline void load_values(const T* p, float (&out)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    unpack16<T>(*reinterpret_cast<const uint4*>(p), out);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      out[e] = to_float(p[e]);
+  }
+}
+
+// V float32 values to p as T, in one 16-byte store where
+// V * sizeof(T) == 16.
+template <typename T, int V>
+__device__ inline void store_values(T* p, const float (&v)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    uint4 raw;
+    T* t = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      t[e] = from_float<T>(v[e]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      p[e] = from_float<T>(v[e]);
+  }
+}
+
 // A warp's partial sums of rows 0..N-1 of one output o, summed over the
 // warp and written by lane 0 to y[n][o] (plus bias[o] where given), one
 // rounding to T.

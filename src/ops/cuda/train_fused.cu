@@ -10,34 +10,6 @@
 namespace orchard::ops::cuda {
 namespace {
 
-// V values of T from p (16-byte aligned where V * sizeof(T) == 16).
-template <typename T, int V>
-__device__ inline void load(const T* p, float (&out)[V]) {
-  if constexpr (V * sizeof(T) == 16) {
-    unpack16<T>(*reinterpret_cast<const uint4*>(p), out);
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e)
-      out[e] = to_float(p[e]);
-  }
-}
-
-template <typename T, int V>
-__device__ inline void store(T* p, const float (&v)[V]) {
-  if constexpr (V * sizeof(T) == 16) {
-    uint4 raw;
-    T* t = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int e = 0; e < V; ++e)
-      t[e] = from_float<T>(v[e]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e)
-      p[e] = from_float<T>(v[e]);
-  }
-}
-
 __device__ inline float sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
@@ -56,12 +28,12 @@ __global__ void silu_mul_halves_kernel(
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = k / per_row, i = (k % per_row) * V;
     float g[V], u[V], out[V];
-    load<T, V>(gu + o * 2 * inner + i, g);
-    load<T, V>(gu + o * 2 * inner + inner + i, u);
+    load_values<T, V>(gu + o * 2 * inner + i, g);
+    load_values<T, V>(gu + o * 2 * inner + inner + i, u);
 #pragma unroll
     for (int e = 0; e < V; ++e)
       out[e] = __fmul_rn(round_to<T>(g[e] * sigmoid(g[e])), u[e]);
-    store<T, V>(y + o * inner + i, out);
+    store_values<T, V>(y + o * inner + i, out);
   }
 }
 
@@ -81,9 +53,9 @@ __global__ void silu_mul_halves_backward_kernel(
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = k / per_row, i = (k % per_row) * V;
     float g[V], u[V], d[V], dg[V], du[V];
-    load<T, V>(gu + o * 2 * inner + i, g);
-    load<T, V>(gu + o * 2 * inner + inner + i, u);
-    load<T, V>(dy + o * inner + i, d);
+    load_values<T, V>(gu + o * 2 * inner + i, g);
+    load_values<T, V>(gu + o * 2 * inner + inner + i, u);
+    load_values<T, V>(dy + o * inner + i, d);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float sg = sigmoid(g[e]);
@@ -92,8 +64,8 @@ __global__ void silu_mul_halves_backward_kernel(
       const float ds = round_to<T>(__fmul_rn(d[e], u[e]));
       dg[e] = ds * (sg * (1.0f + g[e] * (1.0f - sg)));
     }
-    store<T, V>(dgu + o * 2 * inner + i, dg);
-    store<T, V>(dgu + o * 2 * inner + inner + i, du);
+    store_values<T, V>(dgu + o * 2 * inner + i, dg);
+    store_values<T, V>(dgu + o * 2 * inner + inner + i, du);
   }
 }
 
