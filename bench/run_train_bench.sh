@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Orchard vs PyTorch training throughput, same architecture, one run.
+# Orchard vs PyTorch training throughput, same architecture, one run
+# (scripts/device_train.sh adds the real `orchard train`, a traced step and
+# d20 on the CUDA machine).
 #   bench/run_train_bench.sh cuda   (GPT-2 small size: d12, width 768, vocab 50304, 16 x 1024)
 #   bench/run_train_bench.sh cpu    (d4, d6, d12 at width 64*depth, vocab 8192, 8 x 256)
 # Needs build/ (or BUILD_DIR) and a Python with torch (PEER_PYTHON, default
@@ -17,6 +19,7 @@ if [ "${1:-cpu}" = cuda ]; then
   "$py" "$peer" $args eager fp32
   "$py" "$peer" $args eager bf16
   "$py" "$peer" $args compile bf16
+  "$py" "$peer" $args compile bf16 muon
 else
   for d in 4 6 12; do
     w=$((64 * d)); h=$(( (w + 127) / 128 ))

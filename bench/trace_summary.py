@@ -2,8 +2,11 @@
 """Sum the GPU kernels of a Chrome trace (a Kineto trace written by
 orchard_bench_lora_trace with ORCHARD_TRACE=FILE, or torch.profiler's
 export_chrome_trace): kernel count, busy time, span, and the top kernels.
+With --ops, the CPU ops of an autograd-profiler trace instead
+(orchard_bench_train with ORCHARD_CPU_PROFILE=FILE): each op's self time,
+its time less the ops it called, summed by name.
 
-  trace_summary.py TRACE.json[.gz] [TOP]
+  trace_summary.py [--ops] TRACE.json[.gz] [TOP]
 """
 import collections
 import gzip
@@ -14,7 +17,8 @@ import sys
 def main(path, top):
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         events = json.load(f)
-    events = events.get("traceEvents", events)
+    if isinstance(events, dict):
+        events = events.get("traceEvents", [])
     kern = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     if not kern:
         print("no GPU kernels in", path)
@@ -32,8 +36,43 @@ def main(path, top):
         print(f"  {d / 1e3:7.2f} ms {n:5d}x  {name[:110]}")
 
 
+def ops(path, top):
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        events = json.load(f)
+    if isinstance(events, dict):
+        events = events.get("traceEvents", [])
+    events = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    by = collections.defaultdict(lambda: [0, 0.0])
+    total = 0.0
+    for tid in {e.get("tid") for e in events}:
+        # Per thread, an op's children are the events inside its interval.
+        evs = sorted((e for e in events if e.get("tid") == tid),
+                     key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [end, event, self time]
+        def close(until):
+            while stack and stack[-1][0] <= until:
+                end, e, own = stack.pop()
+                by[e["name"]][0] += 1
+                by[e["name"]][1] += own
+        for e in evs:
+            close(e["ts"])
+            if stack:
+                stack[-1][2] -= e["dur"]
+            else:
+                total += e["dur"]
+            stack.append([e["ts"] + e["dur"], e, e["dur"]])
+        close(float("inf"))
+    print(f"{len(events)} ops, {total / 1e3:.1f} ms at the top level")
+    for name, (n, d) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {d / 1e3:8.2f} ms {100 * d / total:5.1f} % {n:6d}x  {name[:90]}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    as_ops = bool(args) and args[0] == "--ops"
+    if as_ops:
+        args = args[1:]
+    if not args:
         print(__doc__)
         sys.exit(2)
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 25)
+    (ops if as_ops else main)(args[0], int(args[1]) if len(args) > 1 else 25)

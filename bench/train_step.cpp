@@ -4,20 +4,31 @@
 //   orchard_bench_train DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS
 //   [fp32|bf16] [adamw|muon]
 // Prints tokens/s (median of the timed steps after 3 warm-up steps) and the
-// peak memory (CUDA allocator; process RSS on the CPU).
+// peak memory (CUDA allocator; process RSS on the CPU). The
+// orchard_bench_train_trace build (libtorch 2.x, on request) writes a
+// Kineto trace of one more step with ORCHARD_TRACE=FILE
+// (bench/trace_summary.py sums its GPU kernels).
 #include "core/machine.h"
 #include "core/torch_compat.h"
 #include "models/gpt.h"
 #include "train/optimizer.h"
+
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 
 #if defined(ORCHARD_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#ifdef ORCHARD_KINETO
+#include "kineto_trace.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -62,7 +73,24 @@ int main(int argc, char** argv) {
   auto x = torch::randint(0, c.vocab_size, {B, T}, torch::kLong).to(dev);
   auto y = torch::randint(0, c.vocab_size, {B, T}, torch::kLong).to(dev);
   std::vector<double> times;
-  for (int64_t s = 0; s < steps + 3; ++s) {
+  // ORCHARD_CPU_PROFILE=FILE: the last two steps under the (legacy)
+  // autograd profiler, a Chrome trace of every op; libtorch 1.13 and 2.x,
+  // any device (bench/trace_summary.py --ops sums it).
+  const char* profile_path = std::getenv("ORCHARD_CPU_PROFILE");
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+  const char* trace = std::getenv("ORCHARD_TRACE");
+#ifndef ORCHARD_KINETO
+  trace = nullptr;
+#endif
+  for (int64_t s = 0; s < steps + 3 + (trace ? 1 : 0); ++s) {
+    const bool traced = trace && s == steps + 3;
+    if (profile_path && s == steps + 1)
+      profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
+          std::string(profile_path));
+#ifdef ORCHARD_KINETO
+    if (traced)
+      orchard::bench::trace_start();
+#endif
     orchard::compat::synchronize(dev);
     auto t0 = std::chrono::steady_clock::now();
     torch::Tensor loss;
@@ -77,9 +105,14 @@ int main(int argc, char** argv) {
     double dt =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
-    if (s >= 3)
+#ifdef ORCHARD_KINETO
+    if (traced)
+      orchard::bench::trace_stop(trace);
+#endif
+    if (s >= 3 && !traced)
       times.push_back(dt);
   }
+  profile.reset(); // writes the trace
   std::sort(times.begin(), times.end());
   double med = times[times.size() / 2];
   double peak_mb = 0;

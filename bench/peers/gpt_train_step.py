@@ -1,9 +1,15 @@
 """The peer of bench/train_step.cpp: the same GPT (rotary, QK RMS-norm,
 parameterless RMSNorm, ReLU^2 MLP, untied lm_head, logit soft-cap 15, no
-biases) in PyTorch, timed the same way: forward, backward and an AdamW step
-on random tokens, median of the steps after 3 warm-up steps.
+biases) in PyTorch, timed the same way: forward, backward and an optimizer
+step on random tokens, median of the steps after 3 warm-up steps.
 
-  python3 gpt_train_step.py DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS [eager|compile] [fp32|bf16]
+  python3 gpt_train_step.py DEVICE DEPTH WIDTH HEADS VOCAB BATCH SEQ STEPS [eager|compile] [fp32|bf16] [adamw|muon]
+
+adamw: torch.optim.AdamW over every weight (fused=True on CUDA with
+PyTorch 2.x, its fastest form). muon: as orchard_bench_train's muon and
+modded-nanogpt: the blocks' matrices by Muon (Nesterov momentum 0.95,
+five quintic Newton-Schulz iterations in bfloat16, torch.compile'd in
+compile mode, lr scaled by sqrt(max(1, rows / cols))), the rest by AdamW.
 
 Under torchrun (WORLD_SIZE > 1) it is PyTorch DDP: one process per GPU
 (cuda:LOCAL_RANK, NCCL; gloo on the CPU), each on its own BATCH x SEQ
@@ -55,6 +61,41 @@ class Block(nn.Module):
         return x + s.m_proj(F.relu(s.c_fc(norm(x))).square())
 
 
+def newton_schulz(g, steps=5):
+    # Keller Jordan's quintic iteration (modded-nanogpt), coefficients from there.
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = x @ x.mT
+        B = b * A + c * A @ A
+        x = a * x + B @ x
+    return x.mT if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(s, params, lr=0.02, momentum=0.95, compiled=False):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+        s.ns = torch.compile(newton_schulz) if compiled else newton_schulz
+
+    @torch.no_grad()
+    def step(s):
+        for group in s.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = s.state[p]
+                if "buf" not in st:
+                    st["buf"] = torch.zeros_like(p.grad)
+                buf = st["buf"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                u = s.ns(p.grad.lerp(buf, group["momentum"]))
+                p.add_(u.to(p.dtype), alpha=-group["lr"] * max(1, p.size(-2) / p.size(-1)) ** 0.5)
+
+
 class GPT(nn.Module):
     def __init__(s, L, C, H, V, T):
         super().__init__()
@@ -80,6 +121,7 @@ def main():
     dev, L, C, H, V, B, T, steps = sys.argv[1], *map(int, sys.argv[2:9])
     mode = sys.argv[9] if len(sys.argv) > 9 else "eager"
     prec = sys.argv[10] if len(sys.argv) > 10 else "fp32"
+    optim = sys.argv[11] if len(sys.argv) > 11 else "adamw"
     torch.backends.cuda.matmul.allow_tf32 = False
     # As Orchard does: every core, shared among a node's processes.
     torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
@@ -94,7 +136,14 @@ def main():
         dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo")
     torch.manual_seed(0)
     model = GPT(L, C, H, V, T).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fused = {"fused": True} if dev.startswith("cuda") and torch.__version__ >= "2" else {}
+    if optim == "muon":
+        matrices = [p for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2]
+        rest = [p for n, p in model.named_parameters() if not (n.startswith("blocks.") and p.dim() == 2)]
+        opts = [torch.optim.AdamW(rest, lr=1e-3, weight_decay=0.0, **fused),
+                Muon(matrices, compiled=mode == "compile")]
+    else:
+        opts = [torch.optim.AdamW(model.parameters(), lr=1e-3, **fused)]
     if world > 1:
         model = DDP(model, device_ids=[torch.device(dev).index] if dev.startswith("cuda") else None)
     step_fn = torch.compile(model) if mode == "compile" else model
@@ -111,9 +160,11 @@ def main():
                 loss = step_fn(x, y)
         else:
             loss = step_fn(x, y)
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        for opt in opts:
+            opt.step()
         sync()
         if s >= 3:
             times.append(time.perf_counter() - t0)
@@ -126,7 +177,7 @@ def main():
     n = sum(p.numel() for p in model.parameters())
     if rank == 0:
         ddp = f" DDP x{world}" if world > 1 else ""
-        print(f"pytorch {mode} {prec}{ddp} d{L} w{C} vocab {V} batch {B}x{T}: {world * B * T / med:.0f} tokens/s "
+        print(f"pytorch {mode} {prec} {optim}{ddp} d{L} w{C} vocab {V} batch {B}x{T}: {world * B * T / med:.0f} tokens/s "
               f"(median {med:.4f} s/step), peak {peak:.0f} MB, {n} params")
 
 

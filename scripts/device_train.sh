@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Issue 21 on the CUDA machine (../shared/device/README.md): GPT pretraining
+# speed against PyTorch, side by side in one run.
+# PHASE=bench (default): build; the GPT, loss, optimizer and kernel unit
+#   tests on the GPU; orchard_bench_train (d12, width 768, 16 x 1024, bf16:
+#   AdamW, Muon, Muon at the tokenizer's odd vocabulary 50,257); the real
+#   `orchard train` (Muon, the default; gpt2 tokenizer, generated text);
+#   one traced step's kernel summary; PEER=1: then torch.compile's AdamW
+#   and Muon peers on the same machine.
+# PHASE=peers: the PyTorch peers (bench/peers/gpt_train_step.py): eager and
+#   torch.compile, AdamW and Muon; then d20 (width 1280, 8 x 1024) for
+#   Orchard and torch.compile.
+# PHASE=memgrid: bench/run_memory_grid.sh cuda (the planner's fit).
+# SKIP_BUILD=1: use the build a previous call on this warm machine left.
+# Results come back as $OUT/train_bench.txt and $OUT/logs.tgz.
+set -uo pipefail
+RESULT="${OUT:-/tmp/orchard-out}"
+OUT=/tmp/train-logs
+mkdir -p "$RESULT" "$OUT"
+trap 'tar czf "$RESULT/logs.tgz" -C "$OUT" .' EXIT
+export PYTHONUNBUFFERED=1
+status=0
+source scripts/device_debs.sh
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :
+else
+  device_build orchard orchard_unit_tests orchard_bench_train orchard_bench_train_trace orchard_bench_memory
+fi
+B=build-cuda
+log() { tee -a "$RESULT/train_bench.txt"; }
+W=/tmp/train-work
+mkdir -p $W
+case "${PHASE:-bench}" in
+bench)
+  OMP_NUM_THREADS=4 $B/orchard_unit_tests \
+    --gtest_filter='LinearCrossEntropy.*:Gpt.*:Autocast.*:Optimizers.*:Muon.*:NewtonSchulz.*:FusedTrain.*:MemoryPlan.*' \
+    > "$OUT/unit.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|SKIPPED \]" -A2 "$OUT/unit.log" | head -30 | log
+  A="cuda 12 768 6"
+  $B/orchard_bench_train $A 50304 16 1024 20 bf16 adamw 2>&1 | log
+  $B/orchard_bench_train $A 50304 16 1024 20 bf16 muon 2>&1 | log
+  $B/orchard_bench_train $A 50257 16 1024 20 bf16 muon 2>&1 | log
+  ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 50304 16 1024 5 bf16 muon > /dev/null 2>&1
+  python3 bench/trace_summary.py $OUT/step.json 30 2>&1 | log
+  # The real trainer: words of the system's list in random sentences.
+  python3 - $W/corpus.txt <<'PY'
+import random, sys
+words = [w.strip() for w in open("/usr/share/dict/american-english") if w.strip().isalpha()]
+rng = random.Random(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(60000):
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + ".\n\n")
+PY
+  rm -rf $W/run
+  $B/orchard train --device cuda "data_paths=[$W/corpus.txt]" tokenizer=gpt2 depth=12 max_seq_len=1024 \
+    total_batch_size=16384 device_batch_size=16 num_iterations=${STEPS:-60} eval_every=0 sample_every=0 \
+    save_every=0 eval_tokens=16384 run_dir=$W/run > "$OUT/orchard_train.log" 2>&1 || { status=1; tail -20 "$OUT/orchard_train.log"; }
+  grep -E "^Model|^Batch|^Memory|^Optimizer|^Precision|Peak" "$OUT/orchard_train.log" | head -8 | log
+  python3 - $W/run/metrics.jsonl <<'PY' | log
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][10:]
+v = sorted(r["tokens_per_s"] for r in rows)
+print(json.dumps({"peer": "orchard train d12 muon", "steps": len(v), "median_tokens_per_s": round(v[len(v) // 2]),
+                  "peak_memory_mb": max(r.get("peak_memory_mb", 0) for r in rows)}))
+PY
+  if [ "${PEER:-0}" = 1 ]; then
+    for m in "compile bf16 adamw" "compile bf16 muon"; do
+      python3 bench/peers/gpt_train_step.py $A 50304 16 1024 20 $m 2>&1 | grep -E "^pytorch|Error" | log
+    done
+  fi
+  ;;
+peers)
+  P=bench/peers/gpt_train_step.py
+  A="cuda 12 768 6 50304 16 1024 20"
+  for m in "eager bf16 adamw" "compile bf16 adamw" "compile bf16 muon"; do
+    python3 $P $A $m 2>&1 | grep -E "^pytorch|Error" | log
+  done
+  A20="cuda 20 1280 10 50304 8 1024 15"
+  $B/orchard_bench_train $A20 bf16 muon 2>&1 | log
+  python3 $P $A20 compile bf16 muon 2>&1 | grep -E "^pytorch|Error" | log
+  ;;
+memgrid)
+  BUILD_DIR=$B bash bench/run_memory_grid.sh cuda > "$OUT/memory_grid_cuda.txt" 2>&1
+  cp /tmp/memory_grid.jsonl "$RESULT/memory_grid_cuda.jsonl"
+  tail -2 "$OUT/memory_grid_cuda.txt" | log
+  ;;
+esac
+exit $status
