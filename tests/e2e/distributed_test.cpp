@@ -179,7 +179,7 @@ TEST(Distributed, TorchrunStartsTheBinaryUnchanged) {
 }
 
 // device_batch_size=auto: each process plans its own memory and all take
-// the smallest micro-batch (here rank 1 plans for 0.2 GB, rank 0 for 8 GB).
+// the smallest micro-batch (here rank 1 plans for 0.12 GB, rank 0 for 8 GB).
 TEST(Distributed, AutoMicroBatchIsTheSmallestAnyRankPlanned) {
   REQUIRE_GLOO();
   Corpus c;
@@ -199,7 +199,7 @@ TEST(Distributed, AutoMicroBatchIsTheSmallestAnyRankPlanned) {
        {"MASTER_ADDR", "127.0.0.1"},
        {"MASTER_PORT", port}});
   auto env1 = env;
-  env1.insert({{"RANK", "1"}, {"LOCAL_RANK", "1"}, {"MEMORY_SIZE", "0.2"}});
+  env1.insert({{"RANK", "1"}, {"LOCAL_RANK", "1"}, {"MEMORY_SIZE", "0.12"}});
   pid_t rank1 = test::spawn_orchard(args, env1, c.dir.file("rank1.log"));
   env.insert({{"RANK", "0"}, {"LOCAL_RANK", "0"}, {"MEMORY_SIZE", "8"}});
   auto r0 = test::run_orchard(args, env);
