@@ -16,7 +16,7 @@ struct Coefficients {
   double a;         // bytes per token per unit width, one block
   double k;         // the same, kept per block under checkpointing
   double h;         // bytes per token per head per key, explicit attention
-  double g;         // bytes per token per vocabulary entry
+  double g;         // bytes per row of one loss chunk per vocabulary entry
   double workspace; // bytes
 };
 

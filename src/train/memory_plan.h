@@ -15,8 +15,10 @@
 //                intermediates live again while it is recomputed)
 //   logits       R V g + 8 V C            one chunk of R = min(B T, the loss's
 //                chunk rows) rows of lm_head output, soft-cap, softmax and
-//                gradient, float32; the head's gradient and its scaled copy
-//                (the loss takes the gradients in its forward)
+//                gradient (float32 plain ops on the CPU and MPS; on CUDA
+//                one kernel over the logits in autocast's dtype); the
+//                head's gradient and its scaled copy (the loss takes the
+//                gradients in its forward)
 //   workspace    a constant per device (cuBLAS/cuDNN scratch, allocator slack)
 //
 // a: bytes per token per unit of width kept by one block (all coefficients
