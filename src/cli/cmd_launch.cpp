@@ -38,6 +38,7 @@ extern "C" void on_launch_signal(int sig) {
 struct Settings {
   int nproc = 1, nnodes = 1, node_rank = 0, master_port = 29500;
   std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false; // several nodes must name node 0
   std::vector<std::string> command;
 };
 
@@ -165,7 +166,7 @@ int run_launch(const Settings& s) {
         "--nnodes " +
         std::to_string(s.nnodes) + ": number the nodes 0 to " +
         std::to_string(s.nnodes - 1) + ".");
-  if (s.nnodes > 1 && s.master_addr == "127.0.0.1")
+  if (s.nnodes > 1 && !s.master_addr_given)
     throw UserError(
         "--nnodes " + std::to_string(s.nnodes) +
         " needs --master-addr: the "
@@ -284,7 +285,10 @@ Command register_launch(CLI::App& root) {
       ->check(CLI::Range(1, 65535));
   app->add_option(
       "command", st->command, "the orchard command to run, after `--`");
-  return {app, [st] { return run_launch(*st); }};
+  return {app, [st, app] {
+            st->master_addr_given = app->count("--master-addr") > 0;
+            return run_launch(*st);
+          }};
 }
 
 } // namespace orchard::cli

@@ -4,12 +4,26 @@
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/version.h"
+#include "dist/world.h"
 
 #include <cstdio>
 #include <exception>
 #include <vector>
 
+namespace {
+int run(int argc, char** argv);
+}
+
+// With several processes, the process group is taken down here, while CUDA
+// is still up (dist::finish); left to static destruction, NCCL's
+// destructor aborts the process after a successful run.
 int main(int argc, char** argv) {
+  return orchard::dist::finish(run(argc, argv));
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   using namespace orchard;
   set_program_name(argc > 0 ? argv[0] : nullptr);
   CLI::App app{
@@ -57,3 +71,5 @@ int main(int argc, char** argv) {
   }
   return kExitUsage;
 }
+
+} // namespace

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 
 // Gloo: where libtorch was built with it and its headers are installed
 // (Debian: libgloo-dev; PyTorch 2.x's wheel defines USE_C10D_GLOO but ships
@@ -47,9 +49,11 @@ struct World {
 #endif
 };
 
+// Never destroyed: NCCL's destructor needs CUDA, which static destruction
+// may already have taken down (finish() releases the group in time).
 World& world() {
-  static World w;
-  return w;
+  static World* w = new World;
+  return *w;
 }
 
 std::string first_line(const std::string& s) {
@@ -236,6 +240,35 @@ void init(const LaunchEnv& env, const torch::Device& device) {
 #endif
 }
 
+int finish(int exit_code) {
+  World& w = world();
+  if (!w.joined)
+    return exit_code;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (exit_code != 0) // a shutdown could wait on a rank that is gone
+    std::_Exit(exit_code);
+#if defined(ORCHARD_HAVE_C10D)
+  try {
+#if defined(USE_C10D_NCCL)
+    if (auto* nccl = dynamic_cast<c10d::ProcessGroupNCCL*>(w.group.get()))
+      nccl->shutdown();
+#endif
+    w.group.reset();
+    w.store.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(
+        stderr,
+        "warning: rank %d: taking the process group down failed (%s); the "
+        "run itself completed.\n",
+        w.env.rank,
+        why_of(e).c_str());
+  }
+#endif
+  w.joined = false;
+  return exit_code;
+}
+
 bool active() {
   return world().joined;
 }
@@ -267,6 +300,194 @@ void all_reduce_mean(const std::vector<torch::Tensor>& tensors) {
 #endif
 }
 
+#if defined(ORCHARD_HAVE_C10D)
+namespace {
+
+// Buckets of about 25 MB (DDP's default), parameters in the reverse of
+// their order: the backward produces the last layers' gradients first.
+constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
+
+class OverlappedAverager final : public GradientAverager {
+ public:
+  explicit OverlappedAverager(const std::vector<torch::Tensor>& params) {
+    std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
+    for (auto it = params.rbegin(); it != params.rend(); ++it) {
+      const torch::Tensor& p = *it;
+      if (!p.requires_grad())
+        continue;
+      auto kind = std::pair{int(p.scalar_type()), p.device().str()};
+      auto o = open.find(kind);
+      if (o == open.end() ||
+          (buckets_[o->second].values + p.numel()) * int64_t(p.element_size()) >
+              kOverlapBucketBytes) {
+        buckets_.push_back({});
+        buckets_.back().options = p.options().requires_grad(false);
+        o = open.insert_or_assign(kind, buckets_.size() - 1).first;
+      }
+      Bucket& b = buckets_[o->second];
+      slots_.push_back({p, o->second, b.values, false});
+      b.values += p.numel();
+      ++b.members;
+    }
+    for (auto& b : buckets_)
+      b.flat = torch::empty({b.values}, b.options);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      torch::Tensor p = slots_[i].param;
+      hooks_.push_back(p.register_hook(
+          [this, i](torch::Tensor g) { on_gradient(i, g); }));
+    }
+  }
+
+  ~OverlappedAverager() override {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      slots_[i].param.remove_hook(hooks_[i]);
+  }
+
+  void arm() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+    next_ = 0;
+    sent_in_backward_ = 0;
+    hooked_ = 0;
+    for (auto& s : slots_)
+      s.ready = false;
+    for (auto& b : buckets_) {
+      b.ready = 0;
+      b.work.reset();
+    }
+  }
+
+  void disarm() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = false;
+    for (auto& b : buckets_)
+      try { // called while an error unwinds: never throws
+        if (b.work)
+          b.work->wait();
+      } catch (const std::exception&) {
+      }
+  }
+
+  void finish() override {
+    torch::NoGradGuard no_grad;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Parameters the backward did not reach: what earlier micro-steps
+      // left in .grad, or zeros.
+      for (size_t i = 0; i < slots_.size(); ++i)
+        if (!slots_[i].ready) {
+          Slot& s = slots_[i];
+          const torch::Tensor& acc = s.param.grad();
+          if (acc.defined())
+            view(s).copy_(acc.reshape({-1}));
+          else
+            view(s).zero_();
+          ready(i);
+        }
+      launch_ready(/*in_backward=*/false);
+      armed_ = false;
+    }
+    const double n = double(size());
+    for (auto& b : buckets_) {
+      collective("averaging gradients", [&] { b.work->wait(); });
+      b.flat.div_(n);
+    }
+    // .grad becomes a view of the mean (no copy back); the gradient
+    // autograd accumulated on its own is dropped.
+    for (auto& s : slots_)
+      s.param.mutable_grad() = view(s).view(s.param.sizes());
+  }
+
+  std::string describe() const override {
+    return std::to_string(buckets_.size()) + " bucket(s) of up to " +
+        std::to_string(kOverlapBucketBytes >> 20) + " MB, " +
+        std::to_string(sent_in_backward_) +
+        " of them sent while the backward ran; " + std::to_string(hooked_) +
+        " of " + std::to_string(slots_.size()) +
+        " gradients handed over by its hooks";
+  }
+
+ private:
+  struct Slot {
+    torch::Tensor param;
+    size_t bucket;
+    int64_t offset;
+    bool ready;
+  };
+  struct Bucket {
+    torch::TensorOptions options;
+    int64_t values = 0;
+    size_t members = 0, ready = 0;
+    torch::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  torch::Tensor view(const Slot& s) {
+    return buckets_[s.bucket].flat.narrow(0, s.offset, s.param.numel());
+  }
+
+  // Autograd's hook (its thread on CUDA): the step's gradient g of
+  // parameter i, before it is added to .grad. The bucket gets the sum now
+  // (queued on the stream the collective waits for).
+  void on_gradient(size_t i, const torch::Tensor& g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = slots_[i];
+    if (!armed_ || s.ready)
+      return;
+    torch::NoGradGuard no_grad;
+    const torch::Tensor& acc = s.param.grad();
+    torch::Tensor dst = view(s);
+    if (acc.defined())
+      torch::add_out(dst, acc.reshape({-1}), g.reshape({-1}));
+    else
+      dst.copy_(g.reshape({-1}));
+    ++hooked_;
+    ready(i);
+    launch_ready(/*in_backward=*/true);
+  }
+
+  void ready(size_t i) {
+    slots_[i].ready = true;
+    ++buckets_[slots_[i].bucket].ready;
+  }
+
+  // Sends the full buckets, in bucket order (every rank must issue the
+  // same collectives in the same order).
+  void launch_ready(bool in_backward) {
+    while (next_ < buckets_.size() &&
+           buckets_[next_].ready == buckets_[next_].members) {
+      sent_in_backward_ += in_backward ? 1 : 0;
+      Bucket& b = buckets_[next_];
+      std::vector<torch::Tensor> v = {b.flat};
+      collective("averaging gradients", [&] {
+        b.work = world().group->allreduce(v);
+      });
+      ++next_;
+    }
+  }
+
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<unsigned> hooks_;
+  std::mutex mu_;
+  bool armed_ = false;
+  size_t next_ = 0;
+  size_t sent_in_backward_ = 0, hooked_ = 0;
+};
+
+} // namespace
+#endif
+
+std::unique_ptr<GradientAverager> GradientAverager::make(
+    const std::vector<torch::Tensor>& params) {
+#if defined(ORCHARD_HAVE_C10D)
+  if (active())
+    return std::make_unique<OverlappedAverager>(params);
+#endif
+  (void)params;
+  return nullptr;
+}
+
 void all_reduce_sum(const torch::Tensor& tensor) {
   if (!active())
     return;
@@ -277,6 +498,22 @@ void all_reduce_sum(const torch::Tensor& tensor) {
     });
   });
 #endif
+}
+
+torch::Tensor gather_rows(const torch::Tensor& rows) {
+  if (!active())
+    return rows;
+  TORCH_CHECK(rows.dim() >= 1, "[dist] gather_rows needs rows");
+  // A sum of zeros but for each rank's own block: exact for every dtype,
+  // and every backend (1.13's Gloo included) has it.
+  torch::NoGradGuard no_grad;
+  const int64_t n = rows.size(0);
+  auto shape = rows.sizes().vec();
+  shape[0] = n * size();
+  auto all = torch::zeros(shape, rows.options().device(world().device));
+  all.narrow(0, n * rank(), n).copy_(rows);
+  all_reduce_sum(all);
+  return all.to(rows.device());
 }
 
 int64_t min_over_ranks(int64_t value) {

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ void init(const LaunchEnv& env, const torch::Device& device);
 // ("cpu", "cuda"), and the backend's name ("Gloo", "NCCL") or why not.
 std::pair<bool, std::string> backend_for(const std::string& device_type);
 
+// The end of the process: with several processes, takes the group down
+// while the devices are still up (after a failure, leaves at once instead,
+// so that no collective waits on a rank that stopped). Returns exit_code.
+int finish(int exit_code);
+
 bool active(); // joined a group of more than one process
 int rank();    // 0 in a single process
 int size();    // 1 in a single process
@@ -41,8 +47,35 @@ const LaunchEnv& launch();
 // The mean over the ranks of each tensor, in place (flattened into buckets
 // of one dtype, all-reduced, divided by the world size).
 void all_reduce_mean(const std::vector<torch::Tensor>& tensors);
+// The mean over the ranks of the gradients of `params`, all-reduced in
+// buckets while the backward that produces them still runs (what DDP's
+// reducer does): arm() before a step's last backward; a hook copies each
+// gradient into its flat bucket as autograd hands it over (plus what
+// earlier micro-steps accumulated in .grad), and a bucket whose gradients
+// are all in is sent at once, buckets in the same order on every rank.
+// finish() sends what the backward left (parameters it did not reach),
+// waits, divides, and makes every .grad a view of its mean (no copy back).
+// A single process needs none of this: make() returns null there.
+class GradientAverager {
+ public:
+  static std::unique_ptr<GradientAverager> make(
+      const std::vector<torch::Tensor>& params);
+  virtual ~GradientAverager() = default;
+  virtual void arm() = 0;
+  virtual void finish() = 0;
+  // Drops an armed step's sends (out of memory mid-backward).
+  virtual void disarm() = 0;
+  // What the last step did: how many buckets, and how many of them were
+  // sent while the backward still ran.
+  virtual std::string describe() const = 0;
+};
+
 // The sum over the ranks, in place.
 void all_reduce_sum(const torch::Tensor& tensor);
+// Every rank's `rows` stacked along dimension 0 in rank order, on every
+// rank (each rank's tensor of the same shape and dtype; not bool). `rows`
+// itself in a single process.
+torch::Tensor gather_rows(const torch::Tensor& rows);
 // The smallest of every rank's `value` (device_batch_size=auto: all ranks
 // take the same micro-batch).
 int64_t min_over_ranks(int64_t value);

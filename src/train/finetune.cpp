@@ -413,9 +413,7 @@ TrainResult run_finetune(
       : fs::path(cfg.model).lexically_normal().filename().string();
   result.run_dir =
       !cfg.run_dir.empty() ? cfg.run_dir : "runs/" + cfg.stage + "/" + name;
-  if (dist::leader())
-    fs::create_directories(result.run_dir);
-  dist::barrier("creating the run folder");
+  make_run_folder(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
   if (!origins.count("max_seq_length") && T != kDefaultMaxSeqLength)
     log("Sequences: max_seq_length=" + std::to_string(T) +

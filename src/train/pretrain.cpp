@@ -456,9 +456,7 @@ TrainResult run_training(
             result.run_dir, result.init_dir, cfg.stage);
         !moved.empty())
       say_early(moved);
-  if (dist::leader())
-    fs::create_directories(result.run_dir);
-  dist::barrier("creating the run folder");
+  make_run_folder(result.run_dir);
   RunLog log(result.run_dir + "/train.log");
 
   torch::manual_seed(cfg.seed);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +100,17 @@ double number_or(
 }
 
 } // namespace
+
+void make_run_folder(
+    const std::string& dir,
+    const std::function<void()>& write) {
+  if (dist::leader()) {
+    std::filesystem::create_directories(dir);
+    if (write)
+      write();
+  }
+  dist::barrier("creating the run folder");
+}
 
 RunLog::RunLog(const std::string& path) {
   if (dist::leader()) // with several processes, rank 0 alone writes
@@ -254,6 +266,13 @@ void Trainer::same_weights_everywhere() {
 }
 
 void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
+  // Every rank comes here: state kept per rank is gathered first.
+  NamedTensors state_t;
+  if (task_.state_tensors)
+    state_t = task_.state_tensors();
+  if (task_.state_per_rank)
+    for (auto& [name, t] : state_t)
+      t = dist::gather_rows(t);
   if (!dist::leader())
     return; // rank 0 writes the checkpoints
   NamedTensors model_t, opt_t;
@@ -266,9 +285,8 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
     for (auto& t : task_.model_tensors())
       model_t.push_back(t);
   opt_t = optimizers_.state();
-  if (task_.state_tensors)
-    for (auto& t : task_.state_tensors())
-      opt_t.push_back(t);
+  for (auto& t : state_t)
+    opt_t.push_back(t);
   for (auto& r : rng_state(opt_.device))
     opt_t.push_back(r);
   nlohmann::json state = task_.describe;
@@ -313,6 +331,15 @@ void Trainer::take_step(
   const double scale = scaler_.scale();
   const int64_t accum = opt_.grad_accum * step_multiple(step);
   torch::Tensor loss_sum;
+  if (dist::active() && !averager_)
+    averager_ = dist::GradientAverager::make(trained_tensors(*task_.model));
+  struct Disarm { // an error mid-backward leaves nothing armed
+    dist::GradientAverager* a;
+    ~Disarm() {
+      if (a && std::uncaught_exceptions() > 0)
+        a->disarm();
+    }
+  } disarm{averager_.get()};
   for (int64_t m = 0; m < accum; ++m) {
     torch::Tensor micro;
     {
@@ -326,35 +353,45 @@ void Trainer::take_step(
         "CUDA out of memory (injected by ORCHARD_TEST_OOM_ROWS=",
         test_oom_rows_,
         ")");
+    if (averager_ && m == accum - 1) // sent while the backward runs
+      averager_->arm();
     (scale != 1.0 ? micro * scale : micro).backward();
     loss_sum = loss_sum.defined() ? loss_sum + micro.detach() : micro.detach();
   }
-  // The gradient norm (after unscaling), clipping, and the finite check in
-  // one host sync.
+  torch::NoGradGuard no_grad;
+  torch::Tensor stop;
+  if (averager_) {
+    // Several processes: the mean gradient (sent during the last backward)
+    // and loss over the ranks, and whether any rank was asked to stop (all
+    // stop after the same step).
+    averager_->finish();
+    stop =
+        torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f, loss_sum.options());
+    dist::all_reduce_mean({loss_sum, stop});
+  }
+  // The gradient norm (after unscaling), clipping, the finite check, the
+  // loss and the ranks' stop in one host sync.
   std::vector<torch::Tensor> grads;
   for (const auto& p : optimizers_.parameters())
     if (p.grad().defined())
       grads.push_back(p.grad());
-  torch::NoGradGuard no_grad;
-  if (dist::active()) {
-    // Several processes: the mean gradient and loss over the ranks, and
-    // whether any rank was asked to stop (all stop after the same step).
-    auto stop =
-        torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f, loss_sum.options());
-    std::vector<torch::Tensor> shared = grads;
-    shared.push_back(loss_sum);
-    shared.push_back(stop);
-    dist::all_reduce_mean(shared);
-    stop_agreed_ = stop.item<float>() > 0;
-  }
   if (scale != 1.0)
     for (auto& g : grads)
       g.mul_(1.0 / scale);
   std::vector<torch::Tensor> norms;
   for (const auto& g : grads)
     norms.push_back(g.norm(2).to(torch::kFloat32));
-  grad_norm = norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
-  loss = loss_sum.item<double>();
+  std::vector<torch::Tensor> read = {
+      norms.empty() ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
+                    : torch::stack(norms).norm(2).reshape({1}),
+      loss_sum.to(torch::kFloat32).reshape({1})};
+  if (stop.defined())
+    read.push_back(stop.to(torch::kFloat32).reshape({1}));
+  const torch::Tensor host = torch::cat(read).to(torch::kCPU, torch::kFloat64);
+  grad_norm = host[0].item<double>();
+  loss = host[1].item<double>();
+  if (stop.defined())
+    stop_agreed_ = host[2].item<double>() > 0;
   const bool finite = std::isfinite(grad_norm);
   applied = scaler_.update(finite);
   if (!applied)
@@ -528,6 +565,8 @@ TrainerResult Trainer::run() {
       non_finite_run = 0;
     }
     const double dt = now_s() - t0;
+    if (step == start && averager_)
+      progress.message("Gradient averaging: " + averager_->describe() + ".");
     const int64_t step_tokens = opt_.tokens_per_step * step_multiple(step);
     const double tok_s = double(step_tokens) / std::max(dt, 1e-9);
     const double lr =

@@ -12,6 +12,7 @@
 // save, exit cleanly), the progress line, train.log and metrics.jsonl.
 #pragma once
 
+#include "dist/world.h"
 #include "runs/checkpoint.h"
 #include "train/batch_schedule.h"
 #include "train/optimizer.h"
@@ -35,6 +36,12 @@
 namespace orchard::train {
 
 // Prints to the terminal and appends to the run's train.log.
+// Rank 0 makes the run folder and runs `write` (its config.yaml); every
+// rank waits until it has (a single process just does both).
+void make_run_folder(
+    const std::string& dir,
+    const std::function<void()>& write = {});
+
 class RunLog {
  public:
   explicit RunLog(const std::string& path);
@@ -79,6 +86,10 @@ struct TrainingTask {
   // TRM's initial states), `state_tensors` into optimizer.safetensors
   // (TRM's ACT carry: the puzzles in flight and their latent states).
   std::function<runs::NamedTensors()> model_tensors, state_tensors;
+  // With several processes: each rank's state_tensors are its own rows
+  // (TRM's slots), stacked over the ranks in rank order into the
+  // checkpoint, which rank 0 writes.
+  bool state_per_rank = false;
   std::function<void(const runs::Checkpoint&)> restore_tensors;
   // With EMA on: evaluate the raw weights too after each evaluation, their
   // metrics logged with a "raw_" prefix (a short run's EMA lags).
@@ -175,6 +186,8 @@ class Trainer {
   RunLog& log_;
   LossScaler scaler_;
   std::vector<torch::Tensor> ema_;
+  // Several processes: the gradients averaged during the last backward.
+  std::unique_ptr<dist::GradientAverager> averager_;
   std::optional<int64_t> start_;
   double best_val_ = std::numeric_limits<double>::infinity();
   int64_t best_step_ = -1;
