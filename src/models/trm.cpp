@@ -428,16 +428,21 @@ torch::Tensor halt_decision(
     const torch::Tensor& steps,
     const torch::Tensor& q_halt,
     const torch::Tensor& q_continue,
-    bool training) {
+    bool training,
+    const torch::Tensor& minimum) {
   auto halted = steps >= c.halt_max_steps;
   if (!training || c.halt_max_steps <= 1)
     return halted;
   halted = halted | (c.no_ACT_continue ? q_halt > 0 : q_halt > q_continue);
   // Exploration: some slots must reach a random minimum of steps first.
-  const auto explore = torch::rand_like(q_halt) < c.halt_exploration_prob;
-  const auto minimum = explore.to(torch::kLong) *
-      torch::randint_like(steps, 2, c.halt_max_steps + 1);
-  return halted & (steps >= minimum);
+  return minimum.defined() ? halted & (steps >= minimum) : halted;
+}
+
+torch::Tensor exploration_minimum(const TrmConfig& c, int64_t slots) {
+  const auto explore = torch::rand({slots}) < c.halt_exploration_prob;
+  return explore.to(torch::kLong) *
+      torch::randint(
+          2, std::max<int64_t>(3, c.halt_max_steps + 1), {slots}, torch::kLong);
 }
 
 } // namespace orchard::models

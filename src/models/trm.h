@@ -159,13 +159,19 @@ TORCH_MODULE(Trm);
 
 // Which slots halt after a step (steps already counted up, int64 (B)):
 // at halt_max_steps always; in training also when q_halt > 0 (or q_halt >
-// q_continue without no_ACT_continue), but not before a minimum drawn for
-// a share halt_exploration_prob of slots uniformly from 2..halt_max_steps.
+// q_continue without no_ACT_continue), but not before `minimum` steps
+// (exploration_minimum's draw; undefined: no minimum).
 torch::Tensor halt_decision(
     const TrmConfig& c,
     const torch::Tensor& steps,
     const torch::Tensor& q_halt,
     const torch::Tensor& q_continue,
-    bool training);
+    bool training,
+    const torch::Tensor& minimum = {});
+
+// Exploration's minimum steps for `slots` slots (int64, on the CPU, from
+// the CPU generator): for a share halt_exploration_prob of them, uniform
+// over 2..halt_max_steps; 0 for the others.
+torch::Tensor exploration_minimum(const TrmConfig& c, int64_t slots);
 
 } // namespace orchard::models

@@ -255,7 +255,7 @@ TEST(TrmCli, BadInputGetsAMessageAndExit2) {
         "trm-sudoku-quick",
         "data=" + t.file("s4"),
         "device_batch_size=5"},
-       "does not divide global_batch_size=64"},
+       "does not divide the 64 puzzles each process holds"},
       {{"train", "--preset", "trm-sudoku-quick", "arch.hidden_sise=8"},
        "arch.hidden_size"},
       {{"train",

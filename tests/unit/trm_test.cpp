@@ -249,6 +249,27 @@ TEST(Trm, HaltingFollowsTheRule) {
   c.no_ACT_continue = false; // q_halt > q_continue
   auto cont = models::halt_decision(c, steps, qh, qc, true);
   EXPECT_TRUE(torch::equal(cont, torch::tensor({true, true, true, true})));
+  // Exploration's minimum holds a slot back until it has taken that many
+  // steps, halt_max_steps excepted only by being reached.
+  auto held = models::halt_decision(
+      c, steps, qh, qc, true, torch::tensor({2, 2, 4, 0}, torch::kLong));
+  EXPECT_TRUE(torch::equal(held, torch::tensor({false, true, true, true})));
+}
+
+TEST(Trm, ExplorationDrawsItsShareOfMinimumsFromTwoToTheLastStep) {
+  models::TrmConfig c;
+  c.halt_max_steps = 5;
+  c.halt_exploration_prob = 0.25;
+  torch::manual_seed(3);
+  const auto m = models::exploration_minimum(c, 40000);
+  const auto drawn = m.gt(0);
+  EXPECT_NEAR(drawn.to(torch::kFloat64).mean().item<double>(), 0.25, 0.01);
+  EXPECT_EQ(m.masked_select(drawn).min().item<int64_t>(), 2);
+  EXPECT_EQ(m.max().item<int64_t>(), 5);
+  // The same generator state draws the same minimums (every rank of a
+  // data-parallel run draws them all and takes its own).
+  torch::manual_seed(3);
+  EXPECT_TRUE(torch::equal(models::exploration_minimum(c, 40000), m));
 }
 
 namespace {

@@ -1,7 +1,9 @@
 #include "stages/trm/recursion.h"
+
 #include "text/tokenizer_io.h"
 
 #include "core/error.h"
+#include "dist/world.h"
 #include "models/trm_language_model.h"
 #include "ops/stablemax.h"
 #include "runs/load.h"
@@ -120,9 +122,34 @@ ActTrainer::ActTrainer(
       train_(std::move(train)),
       slots_(slots),
       device_(device),
-      stream_(train_.size(), seed) {
+      stream_(train_.size(), seed),
+      rank_(dist::rank()),
+      world_(dist::size()) {
   now_ = fresh();
   next_ = fresh();
+}
+
+void ActTrainer::draw_step_rows() {
+  const torch::Tensor all =
+      dist::gather_rows(now_.halted_cpu.to(torch::kUInt8)).contiguous();
+  const auto* h = all.data_ptr<uint8_t>();
+  int64_t before = 0, total = 0;
+  for (int64_t i = 0; i < all.numel(); ++i)
+    if (h[i]) {
+      before += i < int64_t(rank_) * slots_ ? 1 : 0;
+      ++total;
+    }
+  step_rows_ = stream_.next(total);
+  rows_used_ = size_t(before);
+  // Exploration drawn for the world's slots too: every rank draws the same
+  // numbers (its generator stays in step with rank 0's, whose state the
+  // checkpoint keeps) and takes its own.
+  const auto& c = model_->config;
+  if (c.halt_max_steps > 1)
+    step_minimum_ = to_device(
+        models::exploration_minimum(c, slots_ * world_)
+            .narrow(0, int64_t(rank_) * slots_, slots_)
+            .contiguous());
 }
 
 ActTrainer::Carry ActTrainer::fresh() const {
@@ -156,10 +183,14 @@ torch::Tensor ActTrainer::micro_step(int64_t micro) {
   auto labels = part(now_.labels).clone();
   auto ids = part(now_.ids).clone();
   // Halted slots take the next rows.
+  if (from == 0)
+    draw_step_rows();
   const auto idx_cpu =
       now_.halted_cpu.narrow(0, from, micro).nonzero().squeeze(1);
   if (idx_cpu.numel() > 0) {
-    const auto rows = stream_.next(idx_cpu.numel());
+    const auto first = step_rows_.begin() + std::ptrdiff_t(rows_used_);
+    const std::vector<int64_t> rows(first, first + idx_cpu.numel());
+    rows_used_ += rows.size();
     const auto r = torch::tensor(rows, torch::kLong);
     const auto idx = to_device(idx_cpu);
     inputs.index_copy_(0, idx, to_device(train_.inputs.index_select(0, r)));
@@ -197,7 +228,12 @@ torch::Tensor ActTrainer::micro_step(int64_t micro) {
   {
     torch::NoGradGuard no_grad;
     now_halted = models::halt_decision(
-        c, steps, out.q_halt.detach(), out.q_continue.detach(), true);
+        c,
+        steps,
+        out.q_halt.detach(),
+        out.q_continue.detach(),
+        true,
+        step_minimum_.defined() ? part(step_minimum_) : torch::Tensor());
   }
   const StepLoss loss = act_loss(out, labels, target_continue);
   {
@@ -261,15 +297,20 @@ runs::NamedTensors ActTrainer::carry_tensors() const {
 void ActTrainer::restore_carry(
     const std::map<std::string, torch::Tensor>& saved) {
   torch::NoGradGuard no_grad;
+  // The checkpoint holds every rank's slots (global_batch_size of them);
+  // this rank takes its own, whatever the number of processes that saved.
   auto put = [&](const std::string& key, torch::Tensor& into) {
     auto it = saved.find(key);
-    if (it == saved.end() || it->second.sizes() != into.sizes())
+    if (it == saved.end() || it->second.dim() != into.dim() ||
+        it->second.size(0) != slots_ * world_ ||
+        it->second.sizes().slice(1) != into.sizes().slice(1))
       throw UserError(
           "the checkpoint's ACT carry ('" + key +
           "') is missing or of another shape: global_batch_size or the "
           "model changed. Use the run's settings, another run name, or "
           "resume=never.");
-    into.copy_(it->second.to(into.scalar_type()));
+    into.copy_(it->second.narrow(0, int64_t(rank_) * slots_, slots_)
+                   .to(into.scalar_type()));
   };
   put("carry.z_H", now_.z_H);
   put("carry.z_L", now_.z_L);

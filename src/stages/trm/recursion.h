@@ -72,6 +72,11 @@ struct TrainMetrics {
 
 class ActTrainer {
  public:
+  // `slots` puzzles in flight in this process. With several processes
+  // (dist) every rank holds `slots` of the world's slots, rank r those from
+  // r * slots; the halted slots of all ranks take the next rows of one
+  // shared stream in slot order, so the run does not depend on the number
+  // of processes.
   ActTrainer(
       models::Trm model,
       data::PuzzleSet train,
@@ -106,6 +111,9 @@ class ActTrainer {
   };
   // t on the device; from pinned memory without a host sync on CUDA.
   torch::Tensor to_device(const torch::Tensor& t) const;
+  // At a step's start: the rows every rank's halted slots take (one
+  // collective with several processes), and where this rank's begin.
+  void draw_step_rows();
   Carry fresh() const;
 
   models::Trm model_;
@@ -115,6 +123,10 @@ class ActTrainer {
   RowStream stream_;
   Carry now_, next_;
   int64_t done_slots_ = 0; // of the current step
+  int rank_ = 0, world_ = 1;
+  std::vector<int64_t> step_rows_; // drawn for the step, all ranks' slots
+  size_t rows_used_ = 0;           // this rank's next one
+  torch::Tensor step_minimum_;     // exploration's, this rank's slots
   TrainMetrics metrics_, pending_;
 };
 

@@ -9,6 +9,7 @@
 #include "core/files.h"
 #include "core/progress.h"
 #include "core/version.h"
+#include "dist/world.h"
 #include "infer/engine.h"
 #include "models/trm_language_model.h"
 #include "runs/run_folder.h"
@@ -259,6 +260,20 @@ TrmMemory estimate(
   return m;
 }
 
+// The puzzles in flight in each process: global_batch_size shared among
+// the processes (UserError when it does not divide).
+int64_t slots_per_process(const TrmStageConfig& cfg) {
+  const int64_t G = cfg.global_batch_size, world = dist::size();
+  if (G % world != 0)
+    throw UserError(
+        "global_batch_size=" + std::to_string(G) + " cannot be shared among " +
+        std::to_string(world) + " processes: use a multiple of " +
+        std::to_string(world) + " (e.g. " +
+        std::to_string(std::max<int64_t>(world, G / world * world)) +
+        ") or another number of processes.");
+  return G / world;
+}
+
 struct MicroPlan {
   int64_t micro = 1;
   TrmMemory memory;
@@ -275,7 +290,7 @@ MicroPlan plan_micro(
   MicroPlan p;
   p.budget = train::memory_budget(device, cfg.memory_fraction);
   const int64_t elem = precision.compute == torch::kFloat32 ? 4 : 2;
-  const int64_t G = cfg.global_batch_size;
+  const int64_t G = slots_per_process(cfg);
   const double params = double(count_parameters(c));
   for (int64_t b = 1; b <= G; ++b)
     if (G % b == 0) {
@@ -287,8 +302,11 @@ MicroPlan plan_micro(
     if (b < 1 || G % b != 0)
       throw UserError(
           "device_batch_size=" + std::to_string(b) +
-          " does not divide global_batch_size=" + std::to_string(G) +
-          "; give a divisor of it (or auto).");
+          " does not divide the " + std::to_string(G) +
+          " puzzles each process holds (global_batch_size=" +
+          std::to_string(cfg.global_batch_size) + " over " +
+          std::to_string(dist::size()) +
+          " process(es)); give a divisor of it (or auto).");
     p.micro = b;
     p.memory = estimate(c, params, G, b, cfg.ema, elem);
     p.fits = p.memory.total() <= double(p.budget.bytes);
@@ -403,6 +421,12 @@ class TrmStage : public Stage {
     });
   }
 
+  // Upstream's torchrun runs: each process holds its share of
+  // global_batch_size's puzzles in flight.
+  bool data_parallel() const override {
+    return true;
+  }
+
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
     const TrmStageConfig& cfg = section<TrmStageConfig>(settings);
     std::string path;
@@ -474,7 +498,10 @@ class TrmStage : public Stage {
     using namespace train;
     const torch::Device dev = device.device;
     std::string data_path;
-    const data::PuzzleSplits data = load_data(cfg, data_path);
+    data::PuzzleSplits data;
+    // Generated puzzles are written once, by rank 0, before the others read.
+    dist::leader_first(
+        "preparing the puzzles", [&] { data = load_data(cfg, data_path); });
     const std::optional<ChatSide> chat = chat_side(cfg, data);
     models::TrmConfig mc = model_config(cfg, data.train, chat);
     const Precision precision = resolve_precision(cfg.dtype, device);
@@ -495,11 +522,13 @@ class TrmStage : public Stage {
       dp = dp.parent_path();
     const std::string name = !cfg.run.empty() ? cfg.run : dp.stem().string();
     result.run_dir = !cfg.run_dir.empty() ? cfg.run_dir : "runs/trm/" + name;
-    fs::create_directories(result.run_dir);
+    make_run_folder(result.run_dir, [&] {
+      TrmStageConfig written = cfg;
+      config::write_yaml(
+          result.run_dir + "/config.yaml", trm::trm_schema(), &written,
+          origins);
+    });
     RunLog log(result.run_dir + "/train.log");
-    TrmStageConfig written = cfg;
-    config::write_yaml(
-        result.run_dir + "/config.yaml", trm::trm_schema(), &written, origins);
 
     torch::manual_seed(uint64_t(cfg.seed));
     models::Trm model(mc);
@@ -536,7 +565,8 @@ class TrmStage : public Stage {
     Optimizers optimizers(std::move(groups), oo);
 
     const int64_t G = cfg.global_batch_size;
-    trm::ActTrainer act(model, data.train, G, uint64_t(cfg.seed), dev);
+    const int64_t slots = slots_per_process(cfg); // G in one process
+    trm::ActTrainer act(model, data.train, slots, uint64_t(cfg.seed), dev);
     int64_t B = plan.micro;
     const int64_t total = total_steps(cfg, data.train.size());
     const int64_t eval_batch = std::max<int64_t>(B, 1);
@@ -565,13 +595,10 @@ class TrmStage : public Stage {
     };
     task.data_state = [&] { return act.data_state(); };
     task.restore_data = [&](const nlohmann::json& j) { act.restore_data(j); };
-    task.set_micro_batch = [&](int64_t b) {
-      if (G % b != 0)
-        throw UserError(
-            "device_batch_size=" + std::to_string(b) +
-            " does not divide global_batch_size=" + std::to_string(G) + ".");
-      B = b;
-    };
+    // The data position does not depend on the micro-batch: the Trainer
+    // sets the checkpoint's while restoring, then one that divides `slots`
+    // (a run saved by fewer processes may have used a larger one).
+    task.set_micro_batch = [&](int64_t b) { B = b; };
     trm::TrainMetrics shown;
     task.step_metrics = [&] {
       shown = act.take_metrics();
@@ -595,6 +622,7 @@ class TrmStage : public Stage {
       return {{"H_init", model->H_init}, {"L_init", model->L_init}};
     };
     task.state_tensors = [&] { return act.carry_tensors(); };
+    task.state_per_rank = true;
     task.restore_tensors = [&](const runs::Checkpoint& ck) {
       act.restore_carry(ck.optimizer);
       torch::NoGradGuard no_grad;
@@ -630,7 +658,7 @@ class TrmStage : public Stage {
         .precision = precision,
         .total_steps = total,
         .micro_batch = B,
-        .grad_accum = G / B,
+        .grad_accum = slots / B,
         .tokens_per_step = G * mc.seq_len,
         .grad_clip = cfg.grad_clip,
         .warmup_steps = cfg.warmup_steps,
@@ -667,7 +695,7 @@ class TrmStage : public Stage {
     TrainerResult tr = trainer.run();
     copy_trainer_result(tr, result);
     result.total = total;
-    if (tr.interrupted)
+    if (tr.interrupted || !dist::leader()) // rank 0 evaluates and reports
       return result;
     result.output_dir = result.run_dir;
     write_accuracy_chart(result.run_dir);
