@@ -10,6 +10,7 @@
 #include "core/files.h"
 #include "core/progress.h"
 #include "core/version.h"
+#include "dist/world.h"
 #include "models/lora.h"
 #include "runs/checkpoint.h"
 #include "runs/load.h"
@@ -217,6 +218,10 @@ class GrpoStage : public Stage {
     });
   }
 
+  bool data_parallel() const override {
+    return true;
+  }
+
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
     const GrpoConfig& cfg = section<GrpoConfig>(settings);
     check_source(cfg);
@@ -337,16 +342,20 @@ class GrpoStage : public Stage {
       throw UserError(
           "stage=grpo reads one data file; give data=FILE (merge the others "
           "into it).");
-    // The environment: bad data fails before a run folder is made.
-    auto env = grpo::make_environment(
-        {.name = cfg.env,
-         .data = cfg.data.empty() ? "" : cfg.data.front(),
-         .words = cfg.words,
-         .data_dir = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir,
-         .seed = uint64_t(cfg.seed)});
+    // The environment: bad data fails before a run folder is made (rank 0
+    // prepares what it caches first).
+    decltype(grpo::make_environment({})) env;
+    dist::leader_first("preparing the environment", [&] {
+      env = grpo::make_environment(
+          {.name = cfg.env,
+           .data = cfg.data.empty() ? "" : cfg.data.front(),
+           .words = cfg.words,
+           .data_dir = cfg.data_dir.empty() ? default_data_dir() : cfg.data_dir,
+           .seed = uint64_t(cfg.seed)});
+    });
     // A run trained from an older checkpoint of its starting run is stale
     // (the pipeline's sft trained further): kept aside and trained anew.
-    if (!cfg.checkpoint.empty() && cfg.resume == "auto") {
+    if (!cfg.checkpoint.empty() && cfg.resume == "auto" && dist::leader()) {
       const auto starts = runs::list_checkpoints(cfg.checkpoint);
       if (auto moved = runs::set_aside_if_stale(
               result.run_dir,
@@ -355,11 +364,13 @@ class GrpoStage : public Stage {
           !moved.empty())
         std::printf("%s\n", moved.c_str());
     }
-    fs::create_directories(result.run_dir);
+    train::make_run_folder(result.run_dir, [&] {
+      GrpoConfig written = cfg;
+      config::write_yaml(
+          result.run_dir + "/config.yaml", grpo::grpo_schema(), &written,
+          origins);
+    });
     RunLog log(result.run_dir + "/train.log");
-    GrpoConfig written = cfg;
-    config::write_yaml(
-        result.run_dir + "/config.yaml", grpo::grpo_schema(), &written, origins);
 
     // reward_cmd.
     std::unique_ptr<grpo::RewardProcess> reward_process;
@@ -433,6 +444,24 @@ class GrpoStage : public Stage {
       micro_why = cfg.device_batch_size ? "as set" : "auto";
     }
     const grpo::GrpoShape shape = grpo::grpo_shape(cfg, micro);
+    // Several processes: each takes its own prompts of every generation
+    // (per_device_train_batch_size x gradient_accumulation_steps rows a
+    // step, as TRL's), one generation per optimizer step, so that no
+    // process's rollouts outlive a step (the checkpoint is rank 0's).
+    const int world = dist::size();
+    if (world > 1 &&
+        (cfg.policy_iterations > 1 ||
+         shape.generation_batch != shape.rows_per_step))
+      throw UserError(
+          "with " + std::to_string(world) +
+          " processes GRPO generates once per optimizer step: leave "
+          "generation_batch_size and steps_per_generation unset (a generation "
+          "of " +
+          std::to_string(shape.generation_batch) + " completions here, " +
+          std::to_string(shape.rows_per_step) +
+          " per step) and keep num_iterations=1 (it is " +
+          std::to_string(cfg.policy_iterations) +
+          "), or train in one process.");
 
     grpo::LearnerOptions lo;
     lo.num_generations = cfg.num_generations;
@@ -460,6 +489,8 @@ class GrpoStage : public Stage {
     lo.weights = weights;
     lo.seed = uint64_t(cfg.seed);
     lo.graphs = dev.is_cuda();
+    lo.rank = dist::rank();
+    lo.world = world;
 
     grpo::Policy policy;
     policy.model = pol.model;
@@ -589,7 +620,8 @@ class GrpoStage : public Stage {
         .total_steps = total,
         .micro_batch = B,
         .grad_accum = shape.accumulation,
-        .tokens_per_step = shape.rows_per_step * cfg.max_completion_length,
+        .tokens_per_step =
+            shape.rows_per_step * world * cfg.max_completion_length,
         .grad_clip = cfg.grad_clip,
         .warmup_steps = cfg.warmup_steps,
         .warmdown_ratio = cfg.warmdown_ratio,
@@ -619,7 +651,10 @@ class GrpoStage : public Stage {
       log("Batch: " + std::to_string(shape.rows_per_step) +
           " completions per step = " + std::to_string(B) +
           " per micro-step (" + micro_why + ") x " +
-          std::to_string(trainer.grad_accum()) + "; " + std::to_string(total) +
+          std::to_string(trainer.grad_accum()) +
+          (world > 1 ? " on each of " + std::to_string(world) + " processes"
+                     : std::string()) +
+          "; " + std::to_string(total) +
           " steps; precision " + precision.name + "; run folder " +
           result.run_dir);
     }
@@ -627,7 +662,7 @@ class GrpoStage : public Stage {
     // folder so that the report compares before and after across resumes
     // (the same prompts and sampling seeds both times).
     const std::string before_path = result.run_dir + "/eval_before.json";
-    if (start == 0 && start < total) {
+    if (start == 0 && start < total && dist::leader()) {
       log("Evaluating " + std::to_string(cfg.eval_prompts) +
           " held-out prompts before training...");
       const grpo::Evaluation ev = learner.evaluate(cfg.eval_prompts);
@@ -649,7 +684,7 @@ class GrpoStage : public Stage {
     TrainerResult tr = trainer.run();
     copy_trainer_result(tr, result);
     result.total = total;
-    if (tr.interrupted)
+    if (tr.interrupted || !dist::leader()) // rank 0 writes what it trained
       return result;
     result.data_description = env->describe();
     result.report_rows =

@@ -3,6 +3,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "dist/world.h"
 
 #include <algorithm>
 #include <chrono>
@@ -245,19 +246,23 @@ Learner::Scored Learner::rollout(
 
 void Learner::generate() {
   const int64_t G = opt_.num_generations;
-  const int64_t prompts = opt_.generation_batch / G;
+  const int64_t prompts = opt_.generation_batch / G; // this process's
   std::vector<const Example*> examples;
-  std::vector<int64_t> picked;
-  for (int64_t i = 0; i < prompts; ++i) {
+  for (int64_t i = 0; i < prompts * opt_.world; ++i) {
     if (cursor_ >= int64_t(order_.size())) {
       ++epoch_;
       cursor_ = 0;
       shuffle_epoch();
     }
-    picked.push_back(order_[size_t(cursor_++)]);
-    examples.push_back(&env_.train()[size_t(picked.back())]);
+    const int64_t picked = order_[size_t(cursor_++)];
+    if (i / prompts == opt_.rank)
+      examples.push_back(&env_.train()[size_t(picked)]);
   }
-  Scored s = rollout(examples, G, mix(opt_.seed, uint64_t(generations_)));
+  // Row r of the whole generation samples with seed + r (the engine adds
+  // this process's row to the seed it is given).
+  const int64_t rows = prompts * G, first_row = opt_.rank * rows;
+  Scored s = rollout(
+      examples, G, mix(opt_.seed, uint64_t(generations_)) + uint64_t(first_row));
   // The engine's caches and captured graphs would sit through training:
   // the next rollout makes them again.
   engine_.reset();
@@ -270,14 +275,27 @@ void Learner::generate() {
     b->prompt_of_row.push_back(r / G);
   b->completions = s.completions;
   b->truncated = s.truncated;
-  auto totals = torch::tensor(s.totals, torch::kFloat64).to(torch::kFloat32);
-  Advantages adv = group_advantages(totals, G, opt_.scale);
-  auto a = opt_.zero_advantages ? torch::zeros_like(adv.values)
-                                : adv.values.contiguous();
+  // Advantages over the whole generation (every process's rows; batch
+  // scaling's std spans them all), this process taking its own.
+  const auto all_totals =
+      dist::gather_rows(torch::tensor(s.totals, torch::kFloat64));
+  Advantages adv =
+      group_advantages(all_totals.to(torch::kFloat32), G, opt_.scale);
+  auto a = opt_.zero_advantages
+      ? torch::zeros({rows}, torch::kFloat32)
+      : adv.values.narrow(0, first_row, rows).contiguous();
   b->advantages.assign(a.data_ptr<float>(), a.data_ptr<float>() + a.numel());
   for (size_t r = 0; r < b->completions.size(); ++r)
     if (!(opt_.mask_truncated && b->truncated[r]))
       b->active_tokens += double(b->completions[r].size());
+  // dapo divides by the generation's active tokens: the whole
+  // generation's over the processes, as the gradients are then averaged.
+  if (opt_.world > 1)
+    b->active_tokens = dist::gather_rows(
+                           torch::tensor({b->active_tokens}, torch::kFloat64))
+                           .sum()
+                           .item<double>() /
+        double(opt_.world);
   buffer_ = std::move(b);
 
   // Old and reference log-probabilities, without gradients, in chunks.
@@ -319,17 +337,22 @@ void Learner::generate() {
     gen_metrics_["rewards/" + names[k] + "/mean"] = mean(v);
     gen_metrics_["rewards/" + names[k] + "/std"] = stdev(v);
   }
-  gen_metrics_["reward"] = mean(s.totals);
+  // The rewards of the whole generation (every process's); the rest of
+  // these figures are this process's rows.
+  const auto t = all_totals.contiguous();
+  const std::vector<double> totals(
+      t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  gen_metrics_["reward"] = mean(totals);
   std::vector<double> group_std;
   int64_t zero_std = 0;
-  for (int64_t p = 0; p < prompts; ++p) {
-    std::vector<double> g(
-        s.totals.begin() + p * G, s.totals.begin() + (p + 1) * G);
+  const int64_t groups = int64_t(totals.size()) / G;
+  for (int64_t p = 0; p < groups; ++p) {
+    std::vector<double> g(totals.begin() + p * G, totals.begin() + (p + 1) * G);
     group_std.push_back(stdev(g));
     zero_std += group_std.back() == 0.0;
   }
   gen_metrics_["reward_std"] = mean(group_std);
-  gen_metrics_["frac_reward_zero_std"] = double(zero_std) / double(prompts);
+  gen_metrics_["frac_reward_zero_std"] = double(zero_std) / double(groups);
   std::vector<double> lengths;
   int64_t clipped = 0;
   for (size_t r = 0; r < s.completions.size(); ++r) {

@@ -86,6 +86,11 @@ struct LearnerOptions {
   std::vector<double> weights; // per reward function (env's, then cmd's)
   uint64_t seed = 42;
   bool graphs = true; // CUDA graphs for rollouts where available
+  // Several processes (dist): every rank walks the same prompt order and
+  // takes the rank-th share of each generation's prompts (generation_batch
+  // is its own share); rows are seeded by their place in the whole
+  // generation and advantages taken over all of it, as one process would.
+  int rank = 0, world = 1;
   // The control of the learning test: every advantage 0, so the loss
   // carries no signal from the rewards.
   bool zero_advantages = false;
