@@ -6,6 +6,8 @@
 #      (`orchard launch --nproc-per-node 2`) with the same total batch, in
 #      float32; the largest weight difference is printed (tolerance 2e-4,
 #      as tests/e2e/distributed_test.cpp on the CPU).
+#   1b. The same for stage=trm (the quick Sudoku model): weights after 4
+#      steps, the puzzles in flight after 8.
 #   2. Throughput: `orchard train` of a GPT (DEPTH, default 12: GPT-2
 #      small's shape with GPT-2's built-in tokenizer) on 1 and 2 processes,
 #      bfloat16, median tokens/s of the steps after the 5th; then PyTorch's
@@ -85,6 +87,38 @@ p99 = diffs[int(0.99 * len(diffs))]
 ok = blocks < 2e-4 and p99 < 1e-5
 print(json.dumps({"check": "same weights, 1 vs 2 processes", "blocks_max_abs_diff": blocks,
                   "all_p99_abs_diff": p99, "all_max_abs_diff": diffs[-1], "ok": ok}))
+sys.exit(0 if ok else 1)
+PY
+[ ${PIPESTATUS[0]} = 0 ] || status=1
+
+# 1b. stage=trm, one process against two (each half the puzzles in
+# flight): the same puzzles in flight after 8 steps, the weights equal to
+# float rounding after 4 (tests/e2e/distributed_test.cpp on the CPU).
+$O data sudoku --size 4 --count 300 --out $W/s4 > $OUT/trm_data.log 2>&1 || status=1
+TRM="train --preset trm-sudoku-quick --device $DEV data=$W/s4 num_iterations=8 save_every=4
+  eval_every=0 eval_size=20 save_total_limit=0 dtype=float32"
+$O $TRM run_dir=$W/trm1 > $OUT/trm_one.log 2>&1 || { status=1; tail -20 $OUT/trm_one.log; }
+$O launch --nproc-per-node 2 --master-port 29564 -- $TRM run_dir=$W/trm2 \
+  > $OUT/trm_two.log 2>&1 || { status=1; tail -20 $OUT/trm_two.log; }
+$PY - $W/trm1/checkpoints $W/trm2/checkpoints <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    fmt = {"F32": "f", "I64": "q", "U8": "B"}
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]; c = fmt[v["dtype"]]
+        out[k] = struct.unpack("<%d%s" % ((e - s) // struct.calcsize(c), c), b[8 + n + s:8 + n + e])
+    return out
+one, two = sys.argv[1], sys.argv[2]
+a, b = load(one + "/step_000004/model.safetensors"), load(two + "/step_000004/model.safetensors")
+w = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
+a, b = load(one + "/step_000008/optimizer.safetensors"), load(two + "/step_000008/optimizer.safetensors")
+same = all(a[k] == b[k] for k in ("carry.inputs", "carry.steps", "carry.halted", "carry.puzzle_ids"))
+ok = w < 1e-4 and same
+print(json.dumps({"check": "trm, 1 vs 2 processes", "weights_max_abs_diff_step4": w,
+                  "same_puzzles_in_flight_step8": same, "ok": ok}))
 sys.exit(0 if ok else 1)
 PY
 [ ${PIPESTATUS[0]} = 0 ] || status=1
