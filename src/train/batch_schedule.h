@@ -47,8 +47,9 @@ class BatchSchedule {
   // The greatest common divisor of the stages' tokens: every step is a
   // whole number of these.
   int64_t unit() const;
+  // How many units step `step` takes (1 when the schedule is off).
   int64_t multiple_at(int64_t step, int64_t total) const {
-    return tokens_at(step, total) / unit();
+    return on() ? tokens_at(step, total) / unit() : 1;
   }
   // Tokens of the first `steps` steps of a run of `total` steps.
   int64_t tokens_through(int64_t steps, int64_t total) const;

@@ -13,10 +13,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 
 #if defined(ORCHARD_WITH_CUDA)
@@ -316,12 +316,6 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   last_checkpoint_ = dir;
 }
 
-int64_t Trainer::step_multiple(int64_t step) const {
-  return opt_.batch_schedule.on()
-      ? opt_.batch_schedule.multiple_at(step, opt_.total_steps)
-      : 1;
-}
-
 void Trainer::take_step(
     int64_t step,
     double& loss,
@@ -329,7 +323,8 @@ void Trainer::take_step(
     bool& applied) {
   optimizers_.zero_grad();
   const double scale = scaler_.scale();
-  const int64_t accum = opt_.grad_accum * step_multiple(step);
+  const int64_t accum =
+      opt_.grad_accum * opt_.batch_schedule.multiple_at(step, opt_.total_steps);
   torch::Tensor loss_sum;
   if (dist::active() && !averager_)
     averager_ = dist::GradientAverager::make(trained_tensors(*task_.model));
@@ -382,8 +377,9 @@ void Trainer::take_step(
   for (const auto& g : grads)
     norms.push_back(g.norm(2).to(torch::kFloat32));
   std::vector<torch::Tensor> read = {
-      norms.empty() ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
-                    : torch::stack(norms).norm(2).reshape({1}),
+      norms.empty()
+          ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
+          : torch::stack(norms).norm(2).reshape({1}),
       loss_sum.to(torch::kFloat32).reshape({1})};
   if (stop.defined())
     read.push_back(stop.to(torch::kFloat32).reshape({1}));
@@ -479,6 +475,9 @@ TrainerResult Trainer::run() {
   int64_t non_finite_run = 0;
   const double peak_lr =
       optimizers_.groups().empty() ? 0.0 : optimizers_.groups().front().lr;
+  auto units = [&](int64_t step) { // of tokens_per_step (batch_schedule)
+    return opt_.batch_schedule.multiple_at(step, opt_.total_steps);
+  };
   auto evaluate = [&](int64_t done) {
     if (!leader)
       return;
@@ -567,7 +566,7 @@ TrainerResult Trainer::run() {
     const double dt = now_s() - t0;
     if (step == start && averager_)
       progress.message("Gradient averaging: " + averager_->describe() + ".");
-    const int64_t step_tokens = opt_.tokens_per_step * step_multiple(step);
+    const int64_t step_tokens = opt_.tokens_per_step * units(step);
     const double tok_s = double(step_tokens) / std::max(dt, 1e-9);
     const double lr =
         peak_lr *
@@ -599,10 +598,10 @@ TrainerResult Trainer::run() {
       row["loss_scale"] = scaler_.scale();
     if (opt_.batch_schedule.on()) {
       row["batch_tokens"] = double(step_tokens);
-      if (done < opt_.total_steps && step_multiple(done) != step_multiple(step))
+      if (done < opt_.total_steps && units(done) != units(step))
         progress.message(
-            "step " + std::to_string(done + 1) + " on: " +
-            std::to_string(opt_.tokens_per_step * step_multiple(done)) +
+            "step " + std::to_string(done + 1) +
+            " on: " + std::to_string(opt_.tokens_per_step * units(done)) +
             " tokens a step (batch_schedule stage " +
             std::to_string(
                 opt_.batch_schedule.stage_at(done, opt_.total_steps) + 1) +

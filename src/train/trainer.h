@@ -168,9 +168,6 @@ class Trainer {
   // With several processes: rank 0's weights (and EMA) on every rank.
   void same_weights_everywhere();
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
-  // How many units of grad_accum micro-steps step `step` takes (1 without
-  // a batch schedule).
-  int64_t step_multiple(int64_t step) const;
   // After an out-of-memory error in step `step`: frees the caches, lowers
   // the micro-batch to its largest proper divisor (half, when even) and
   // raises accumulation to match (UserError at one sequence), and rewinds

@@ -29,6 +29,8 @@ TEST(BatchSchedule, EqualPartsAreModdedNanogptsThirds) {
           << "step " << step << " of " << total;
       EXPECT_EQ(s.multiple_at(step, total), want + 1);
     }
+  // Off, every step is one unit (the trainer's plain accumulation).
+  EXPECT_EQ(BatchSchedule().multiple_at(5, 10), 1);
 }
 
 TEST(BatchSchedule, GivenStepsStartTheLaterStages) {
