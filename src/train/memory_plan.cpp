@@ -119,6 +119,8 @@ MemoryEstimate estimate_memory(
     e.gradients = std::min(
         e.gradients, std::max(0.0, peak_extra - e.activations - e.logits));
   }
+  if (s.processes > 1) // the averager's flat buckets, allocated once
+    e.gradients += 4 * P;
   return e;
 }
 

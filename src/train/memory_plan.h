@@ -5,7 +5,9 @@
 // H heads, vocabulary V, P parameters (P_m of them the blocks' matrices):
 //
 //   weights      4 P                      float32 master weights
-//   gradients    4 P                      every parameter is trained
+//   gradients    4 P                      every parameter is trained; 8 P
+//                with several processes (dist::GradientAverager's buckets
+//                beside .grad)
 //   optimizer    AdamW: 8 P (two moments); Muon: 4 P_m (momentum) + 8 (P - P_m)
 //   casts        2 P_m under bf16/fp16 autocast (the low-precision copies of
 //                the matrices that the backward keeps)
@@ -70,6 +72,7 @@ struct PlanSettings {
   bool gradient_checkpointing = false;
   c10::DeviceType device = c10::DeviceType::CPU;
   bool fused_attention = false; // SDPA (libtorch 2.x)
+  int processes = 1;             // data-parallel ranks (dist::size())
 };
 
 struct MemoryEstimate {

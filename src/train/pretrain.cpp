@@ -177,6 +177,7 @@ PlanSettings plan_settings(
   s.gradient_checkpointing = cfg.gradient_checkpointing == "true";
   s.device = device.device.type();
   s.fused_attention = compat::has_fused_attention();
+  s.processes = dist::size();
   return s;
 }
 
