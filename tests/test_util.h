@@ -130,6 +130,17 @@ inline std::string numbered_documents(int count) {
   return jsonl;
 }
 
+// 40 sums as GRPO prompts with their answers (JSONL, one {"prompt",
+// "answer"} a line): env=answers' data for the e2e GRPO runs.
+inline std::string sums_jsonl() {
+  std::string jsonl;
+  for (int i = 0; i < 40; ++i)
+    jsonl += "{\"prompt\": \"What is " + std::to_string(i % 7) + "+" +
+        std::to_string(i % 5) + "?\", \"answer\": \"" +
+        std::to_string(i % 7 + i % 5) + "\"}\n";
+  return jsonl;
+}
+
 struct CliResult {
   int exit_code = -1;
   std::string out, err;

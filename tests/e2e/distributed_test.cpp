@@ -325,12 +325,7 @@ TEST(Distributed, TwoProcessesTrainTheTrmOneProcessTrains) {
 TEST(Distributed, TwoProcessesTrainTheGrpoAdapterOneProcessTrains) {
   REQUIRE_GLOO();
   Corpus c;
-  std::string sums;
-  for (int i = 0; i < 40; ++i)
-    sums += "{\"prompt\": \"What is " + std::to_string(i % 7) + "+" +
-        std::to_string(i % 5) + "?\", \"answer\": \"" +
-        std::to_string(i % 7 + i % 5) + "\"}\n";
-  c.dir.write("sums.jsonl", sums);
+  c.dir.write("sums.jsonl", test::sums_jsonl());
   auto grpo = [&](const std::string& run, int accumulation,
                   std::vector<std::string> extra = {}) {
     std::vector<std::string> a = {

@@ -34,14 +34,7 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 std::string write_sums(const TempDir& dir) {
-  std::string text;
-  for (int i = 0; i < 40; ++i)
-    text += nlohmann::json{
-                {"prompt", "What is " + std::to_string(i % 7) + "+" + std::to_string(i % 5) + "?"},
-                {"answer", std::to_string(i % 7 + i % 5)}}
-                .dump() +
-        "\n";
-  return dir.write("sums.jsonl", text);
+  return dir.write("sums.jsonl", test::sums_jsonl());
 }
 
 // A reward process: 1 for completions shorter than 20 characters.
