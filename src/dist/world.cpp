@@ -519,13 +519,9 @@ torch::Tensor gather_rows(const torch::Tensor& rows) {
 int64_t min_over_ranks(int64_t value) {
   if (!active())
     return value;
-  // Each rank's value in its own slot of a sum (Gloo and NCCL both sum).
-  auto slots =
-      torch::zeros({size()}, torch::TensorOptions().dtype(torch::kFloat64));
-  slots[rank()] = double(value);
-  slots = slots.to(world().device);
-  all_reduce_sum(slots);
-  return int64_t(slots.min().item<double>());
+  return gather_rows(torch::tensor({value}, torch::kInt64))
+      .min()
+      .item<int64_t>();
 }
 
 void broadcast_from_leader(const std::vector<torch::Tensor>& tensors) {
