@@ -8,12 +8,18 @@
 #      as tests/e2e/distributed_test.cpp on the CPU).
 #   1b. The same for stage=trm (the quick Sudoku model): weights after 4
 #      steps, the puzzles in flight after 8.
+#   1c. The same with zero_stage=1 (ZeRO-1: two ranks, each with half the
+#      optimizer state) against one process, Muon and AdamW, float32.
 #   2. Throughput: `orchard train` of a GPT (DEPTH, default 12: GPT-2
 #      small's shape with GPT-2's built-in tokenizer) on 1 and 2 processes,
 #      bfloat16, median tokens/s of the steps after the 5th; then PyTorch's
 #      bench/peers/gpt_train_step.py alone and as DDP under torchrun
 #      (COMPILE=1: torch.compile). The goal: two GPUs >= 1.9x one, and at
 #      least DDP's scaling.
+#   2b. The two-process run again with zero_stage=1: tokens/s and each
+#      rank's peak memory beside the unsharded run's.
+# PARTS picks what runs (default "same trm zero bench"; "zero" alone is
+# 1c and 2b).
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
 # machine. Logs come back as $OUT/logs.tgz, the figures as
 # $OUT/dist_bench.jsonl.
@@ -58,14 +64,15 @@ print(f"{v[len(v) // 2]:.0f}" if v else "nan")
 PY
 }
 
+PARTS=" ${PARTS:-same trm zero bench} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
+
 # 1. Same weights, one process against two.
 SMALL="train --device $DEV data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=2 max_seq_len=128
   total_batch_size=4096 device_batch_size=8 num_iterations=10 dtype=float32 eval_every=0
   sample_every=0 save_every=0 eval_tokens=1024"
-$O $SMALL run_dir=$W/one > $OUT/same_one.log 2>&1 || { status=1; tail -20 $OUT/same_one.log; }
-$O launch --nproc-per-node 2 --master-port 29561 -- $SMALL run_dir=$W/two \
-  > $OUT/same_two.log 2>&1 || { status=1; tail -20 $OUT/same_two.log; }
-$PY - $W/one/checkpoints/step_000010/model.safetensors $W/two/checkpoints/step_000010/model.safetensors <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
+same_weights() { # name, one-process run, two-process run
+  $PY - "$1" $W/$2/checkpoints/step_000010/model.safetensors $W/$3/checkpoints/step_000010/model.safetensors <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
 import json, struct, sys
 def load(p):
     b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
@@ -75,7 +82,7 @@ def load(p):
         s, e = v["data_offsets"]
         out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
     return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
+a, b = load(sys.argv[2]), load(sys.argv[3])
 # The blocks' matrices agree to float rounding. The embedding's rows of
 # rarely seen tokens may not: their gradients are near zero, and AdamW's
 # m / (sqrt(v) + eps) turns rounding noise there into a step of the full
@@ -85,15 +92,34 @@ blocks = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a if k.startsw
 diffs = sorted(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
 p99 = diffs[int(0.99 * len(diffs))]
 ok = blocks < 2e-4 and p99 < 1e-5
-print(json.dumps({"check": "same weights, 1 vs 2 processes", "blocks_max_abs_diff": blocks,
+print(json.dumps({"check": sys.argv[1], "blocks_max_abs_diff": blocks,
                   "all_p99_abs_diff": p99, "all_max_abs_diff": diffs[-1], "ok": ok}))
 sys.exit(0 if ok else 1)
 PY
-[ ${PIPESTATUS[0]} = 0 ] || status=1
+  [ ${PIPESTATUS[0]} = 0 ] || status=1
+}
+if want same; then
+  $O $SMALL run_dir=$W/one > $OUT/same_one.log 2>&1 || { status=1; tail -20 $OUT/same_one.log; }
+  $O launch --nproc-per-node 2 --master-port 29561 -- $SMALL run_dir=$W/two \
+    > $OUT/same_two.log 2>&1 || { status=1; tail -20 $OUT/same_two.log; }
+  same_weights "same weights, 1 vs 2 processes" one two
+fi
+
+# 1c. ZeRO-1: Muon (the default) and AdamW, one process against two.
+if want zero; then
+  for o in muon adamw; do
+    $O $SMALL optimizer=$o run_dir=$W/z1_$o > $OUT/zero_one_$o.log 2>&1 || { status=1; tail -20 $OUT/zero_one_$o.log; }
+    $O launch --nproc-per-node 2 --master-port 29565 -- $SMALL optimizer=$o zero_stage=1 run_dir=$W/z2_$o \
+      > $OUT/zero_two_$o.log 2>&1 || { status=1; tail -20 $OUT/zero_two_$o.log; }
+    grep -h "sharded\|Gradient averaging" $OUT/zero_two_$o.log
+    same_weights "zero_stage=1 ($o), 1 vs 2 processes" z1_$o z2_$o
+  done
+fi
 
 # 1b. stage=trm, one process against two (each half the puzzles in
 # flight): the same puzzles in flight after 8 steps, the weights equal to
 # float rounding after 4 (tests/e2e/distributed_test.cpp on the CPU).
+if want trm; then
 $O data sudoku --size 4 --count 300 --out $W/s4 > $OUT/trm_data.log 2>&1 || status=1
 TRM="train --preset trm-sudoku-quick --device $DEV data=$W/s4 num_iterations=8 save_every=4
   eval_every=0 eval_size=20 save_total_limit=0 dtype=float32"
@@ -122,6 +148,7 @@ print(json.dumps({"check": "trm, 1 vs 2 processes", "weights_max_abs_diff_step4"
 sys.exit(0 if ok else 1)
 PY
 [ ${PIPESTATUS[0]} = 0 ] || status=1
+fi
 
 # 2. Throughput, one process and two.
 DEPTH=${DEPTH:-12}
@@ -131,6 +158,15 @@ STEPS=${STEPS:-30}
 BIG="train --device $DEV data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=$DEPTH max_seq_len=$T
   optimizer=adamw device_batch_size=$B num_iterations=$STEPS eval_every=0 sample_every=0 save_every=0
   eval_tokens=$((B * T))"
+peak() { grep -h "^Peak memory" "$1" | head -1; }
+if want zero; then
+  for z in 0 1; do
+    $O launch --nproc-per-node 2 --master-port 29566 -- $BIG total_batch_size=$((2 * B * T)) zero_stage=$z run_dir=$W/bz$z \
+      > $OUT/bench_zero$z.log 2>&1 || { status=1; tail -20 $OUT/bench_zero$z.log; }
+    echo "{\"orchard\": \"d$DEPTH ${B}x$T two processes\", \"zero_stage\": $z, \"tokens_per_s\": $(median $W/bz$z/metrics.jsonl), \"peak\": \"$(peak $OUT/bench_zero$z.log)\"}" | tee -a "$RESULT/dist_bench.jsonl"
+  done
+fi
+want bench || exit $status
 $O $BIG total_batch_size=$((B * T)) run_dir=$W/b1 > $OUT/bench_one.log 2>&1 || { status=1; tail -20 $OUT/bench_one.log; }
 $O launch --nproc-per-node 2 --master-port 29562 -- $BIG total_batch_size=$((2 * B * T)) run_dir=$W/b2 \
   > $OUT/bench_two.log 2>&1 || { status=1; tail -20 $OUT/bench_two.log; }

@@ -56,10 +56,47 @@ void all_reduce_mean(const std::vector<torch::Tensor>& tensors);
 // finish() sends what the backward left (parameters it did not reach),
 // waits, divides, and makes every .grad a view of its mean (no copy back).
 // A single process needs none of this: make() returns null there.
+//
+// ZeRO-1 (make_sharded; DeepSpeed's stage 1, nanochat's distributed
+// AdamW and Muon): each rank keeps the optimizer state of its own share of
+// the parameters only. A bucket is cut into one region per rank, all of
+// one length (zeros pad the shorter ones); a region holds whole parameters
+// where the update needs the whole tensor (Muon's orthogonalisation,
+// SignSGD's rows, 8-bit moments' blocks) and element ranges of the others
+// (AdamW is elementwise). The gradients are reduce-scattered rather than
+// all-reduced: after finish() each rank holds the mean gradient of its own
+// pieces (as their .grad) and the parameters' own .grad is dropped. The
+// owners step their pieces, then gather_parameters() all-gathers the
+// regions back into every rank's parameters. Traffic is an all-reduce's
+// (a reduce-scatter and an all-gather); the optimizer's state and work
+// are divided by the world size.
+struct Shardable {
+  std::string name;
+  torch::Tensor param;
+  bool whole = false; // its update needs the whole tensor
+};
+struct ShardPiece {
+  std::string name;
+  torch::Tensor param;           // the whole parameter
+  int64_t begin = 0, length = 0; // its flattened elements this rank owns
+  bool whole = false;            // all of them, as one unit
+  // What the optimizer steps: the parameter itself when whole, else a flat
+  // view of the owned elements. Its .grad is the mean gradient from
+  // finish() to gather_parameters().
+  torch::Tensor value;
+};
+
 class GradientAverager {
  public:
   static std::unique_ptr<GradientAverager> make(
       const std::vector<torch::Tensor>& params);
+  // ZeRO-1 (above); null in a single process.
+  static std::unique_ptr<GradientAverager> make_sharded(
+      const std::vector<Shardable>& params);
+  // Sharded only: this rank's pieces (in bucket order), and the
+  // all-gather of every rank's updated pieces into the parameters.
+  virtual const std::vector<ShardPiece>& pieces() const = 0;
+  virtual void gather_parameters() = 0;
   virtual ~GradientAverager() = default;
   virtual void arm() = 0;
   virtual void finish() = 0;
@@ -81,6 +118,10 @@ torch::Tensor gather_rows(const torch::Tensor& rows);
 int64_t min_over_ranks(int64_t value);
 // Rank 0's values into every rank's tensors, in place.
 void broadcast_from_leader(const std::vector<torch::Tensor>& tensors);
+// Rank `root`'s tensor into every rank's (same shape and dtype), in place.
+void broadcast_from(int root, const torch::Tensor& tensor);
+// Every rank's `text`, in rank order, on every rank.
+std::vector<std::string> gather_strings(const std::string& text);
 // Waits for every rank; `what` names the point in messages.
 void barrier(const std::string& what);
 // Runs `fn` on rank 0, then (after a barrier) on the others: preparing a

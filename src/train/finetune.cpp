@@ -571,6 +571,7 @@ TrainResult run_finetune(
       .grad_accum = accum,
       .tokens_per_step = B * accum * T * world,
       .grad_clip = cfg.grad_clip,
+      .zero_stage = int(cfg.zero_stage),
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
       .eval_every = cfg.eval_every,

@@ -121,6 +121,8 @@ MemoryEstimate estimate_memory(
   }
   if (s.processes > 1) // the averager's flat buckets, allocated once
     e.gradients += 4 * P;
+  if (s.processes > 1 && s.shard_optimizer) // each rank its share
+    e.optimizer /= double(s.processes);
   return e;
 }
 

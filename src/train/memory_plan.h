@@ -8,7 +8,9 @@
 //   gradients    4 P                      every parameter is trained; 8 P
 //                with several processes (dist::GradientAverager's buckets
 //                beside .grad)
-//   optimizer    AdamW: 8 P (two moments); Muon: 4 P_m (momentum) + 8 (P - P_m)
+//   optimizer    AdamW: 8 P (two moments); Muon: 4 P_m (momentum) + 8 (P - P_m);
+//                divided by the processes with zero_stage=1 (each rank
+//                keeps its share)
 //   casts        2 P_m under bf16/fp16 autocast (the low-precision copies of
 //                the matrices that the backward keeps)
 //   activations  L B T (a C + h H T)        without checkpointing
@@ -73,6 +75,7 @@ struct PlanSettings {
   c10::DeviceType device = c10::DeviceType::CPU;
   bool fused_attention = false; // SDPA (libtorch 2.x)
   int processes = 1;             // data-parallel ranks (dist::size())
+  bool shard_optimizer = false;  // zero_stage=1: 1/processes of the state
 };
 
 struct MemoryEstimate {

@@ -111,6 +111,9 @@ class Optimizers {
   const std::vector<ParamGroup>& groups() const {
     return groups_;
   }
+  const OptimizerOptions& options() const {
+    return options_;
+  }
   std::string describe() const; // "Muon (matrices, lr 0.02) + AdamW (...)"
 
   // Per parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step"

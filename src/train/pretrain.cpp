@@ -178,6 +178,7 @@ PlanSettings plan_settings(
   s.device = device.device.type();
   s.fused_attention = compat::has_fused_attention();
   s.processes = dist::size();
+  s.shard_optimizer = cfg.zero_stage >= 1;
   return s;
 }
 
@@ -658,6 +659,7 @@ TrainResult run_training(
       .tokens_per_step = cfg.total_batch_size,
       .batch_schedule = schedule,
       .grad_clip = cfg.grad_clip,
+      .zero_stage = int(cfg.zero_stage),
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
       .ema = cfg.ema,

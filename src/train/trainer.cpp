@@ -8,6 +8,7 @@
 #include "core/torch_compat.h"
 #include "dist/world.h"
 #include "train/schedule.h"
+#include "train/sharded_optimizer.h"
 #include "train/train_state.h"
 
 #include <atomic>
@@ -153,10 +154,33 @@ int last_stop_signal() {
   return g_stop_signal;
 }
 
+void Trainer::make_averager() {
+  if (!dist::active() || averager_)
+    return;
+  const auto trained = trained_tensors(*task_.model);
+  if (opt_.zero_stage < 1) {
+    averager_ = dist::GradientAverager::make(trained);
+    return;
+  }
+  averager_ =
+      dist::GradientAverager::make_sharded(shardables(optimizers_, trained));
+  shard_optimizers_ = optimizers_of_pieces(optimizers_, averager_->pieces());
+  int64_t mine = 0, all = 0;
+  for (const auto& p : averager_->pieces())
+    mine += p.length;
+  for (const auto& t : trained)
+    all += t.numel();
+  shard_note_ = "Optimizer state sharded over " +
+      std::to_string(dist::size()) + " processes (zero_stage=1): rank 0 steps " +
+      std::to_string(mine) + " of the " + std::to_string(all) +
+      " trained values and keeps their state only.";
+}
+
 int64_t Trainer::resume() {
   if (start_)
     return *start_;
   start_ = 0;
+  make_averager(); // a sharded run loads only its own optimizer state
   std::optional<runs::Checkpoint> ckpt;
   if (opt_.resume == "auto") {
     // Rank 0 sets damaged checkpoints aside before the others look.
@@ -190,7 +214,11 @@ int64_t Trainer::resume() {
     // A checkpoint from a run without EMA starts the average at the weights.
     ema_[i].copy_(it != ckpt->model.end() ? it->second : params[i].second);
   }
-  optimizers_.load(ckpt->optimizer);
+  if (shard_optimizers_)
+    shard_optimizers_->load(
+        slice_sharded_state(ckpt->optimizer, averager_->pieces()));
+  else
+    optimizers_.load(ckpt->optimizer);
   load_rng_state(ckpt->optimizer, opt_.device);
   if (task_.restore_tensors)
     task_.restore_tensors(*ckpt);
@@ -273,9 +301,12 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   if (task_.state_per_rank)
     for (auto& [name, t] : state_t)
       t = dist::gather_rows(t);
+  NamedTensors model_t, opt_t;
+  if (shard_optimizers_)
+    opt_t =
+        gather_sharded_state(shard_optimizers_->state(), averager_->pieces());
   if (!dist::leader())
     return; // rank 0 writes the checkpoints
-  NamedTensors model_t, opt_t;
   auto params = trained_parameters(*task_.model);
   for (auto& [key, value] : params)
     model_t.push_back({key, value});
@@ -284,7 +315,8 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   if (task_.model_tensors)
     for (auto& t : task_.model_tensors())
       model_t.push_back(t);
-  opt_t = optimizers_.state();
+  if (!shard_optimizers_)
+    opt_t = optimizers_.state();
   for (auto& t : state_t)
     opt_t.push_back(t);
   for (auto& r : rng_state(opt_.device))
@@ -326,8 +358,7 @@ void Trainer::take_step(
   const int64_t accum =
       opt_.grad_accum * opt_.batch_schedule.multiple_at(step, opt_.total_steps);
   torch::Tensor loss_sum;
-  if (dist::active() && !averager_)
-    averager_ = dist::GradientAverager::make(trained_tensors(*task_.model));
+  make_averager();
   struct Disarm { // an error mid-backward leaves nothing armed
     dist::GradientAverager* a;
     ~Disarm() {
@@ -362,12 +393,13 @@ void Trainer::take_step(
     averager_->finish();
     stop =
         torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f, loss_sum.options());
-    dist::all_reduce_mean({loss_sum, stop});
+    if (!shard_optimizers_) // sharded: below, with the gradient norm
+      dist::all_reduce_mean({loss_sum, stop});
   }
   // The gradient norm (after unscaling), clipping, the finite check, the
   // loss and the ranks' stop in one host sync.
   std::vector<torch::Tensor> grads;
-  for (const auto& p : optimizers_.parameters())
+  for (const auto& p : stepper().parameters())
     if (p.grad().defined())
       grads.push_back(p.grad());
   if (scale != 1.0)
@@ -383,6 +415,14 @@ void Trainer::take_step(
       loss_sum.to(torch::kFloat32).reshape({1})};
   if (stop.defined())
     read.push_back(stop.to(torch::kFloat32).reshape({1}));
+  if (shard_optimizers_) {
+    // Each rank has the norm of its own pieces: the squares, the loss and
+    // the stop flag summed over the ranks in one all-reduce.
+    const double n = double(dist::size());
+    auto sums = torch::cat({read[0].square(), read[1] / n, read[2] / n});
+    dist::all_reduce_sum(sums);
+    read = {sums.narrow(0, 0, 1).sqrt(), sums.narrow(0, 1, 2)};
+  }
   const torch::Tensor host = torch::cat(read).to(torch::kCPU, torch::kFloat64);
   grad_norm = host[0].item<double>();
   loss = host[1].item<double>();
@@ -395,10 +435,12 @@ void Trainer::take_step(
   if (opt_.grad_clip > 0 && grad_norm > opt_.grad_clip)
     for (auto& g : grads)
       g.mul_(opt_.grad_clip / (grad_norm + kClipEps));
-  optimizers_.step(
+  stepper().step(
       lr_multiplier(
           step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio),
       step);
+  if (shard_optimizers_) // every rank's updated pieces into every rank
+    averager_->gather_parameters();
   if (!ema_.empty()) {
     auto params = trained_tensors(*task_.model);
     for (size_t i = 0; i < params.size(); ++i)
@@ -566,6 +608,8 @@ TrainerResult Trainer::run() {
     const double dt = now_s() - t0;
     if (step == start && averager_)
       progress.message("Gradient averaging: " + averager_->describe() + ".");
+    if (step == start && !shard_note_.empty())
+      progress.message(shard_note_);
     const int64_t step_tokens = opt_.tokens_per_step * units(step);
     const double tok_s = double(step_tokens) / std::max(dt, 1e-9);
     const double lr =

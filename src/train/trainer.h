@@ -109,6 +109,10 @@ struct TrainerOptions {
   // where tokens_per_step and grad_accum are the schedule's unit.
   BatchSchedule batch_schedule;
   double grad_clip = 1.0; // 0: off
+  // 1: with several processes, each rank keeps the optimizer state of its
+  // share of the parameters only (ZeRO-1, train/sharded_optimizer.h);
+  // 0: every rank keeps all of it.
+  int zero_stage = 0;
   int64_t warmup_steps = 0;
   double warmdown_ratio = 0.2;
   bool ema = false;
@@ -165,6 +169,14 @@ class Trainer {
 
  private:
   void save(int64_t step, bool complete, const EvalResult* eval);
+  // With several processes: the gradient averager (sharded, and this
+  // rank's optimizer, with zero_stage=1), made once.
+  void make_averager();
+  // The optimizer that steps this rank's parameters: its pieces' with
+  // zero_stage=1 and several processes, else the stage's.
+  Optimizers& stepper() {
+    return shard_optimizers_ ? *shard_optimizers_ : optimizers_;
+  }
   // With several processes: rank 0's weights (and EMA) on every rank.
   void same_weights_everywhere();
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
@@ -185,6 +197,8 @@ class Trainer {
   std::vector<torch::Tensor> ema_;
   // Several processes: the gradients averaged during the last backward.
   std::unique_ptr<dist::GradientAverager> averager_;
+  std::unique_ptr<Optimizers> shard_optimizers_; // zero_stage=1
+  std::string shard_note_; // what sharding does, said at the first step
   std::optional<int64_t> start_;
   double best_val_ = std::numeric_limits<double>::infinity();
   int64_t best_step_ = -1;

@@ -127,6 +127,15 @@ void add_training_options(
          .min = 0});
   }
   s.add(
+      {.key = "zero_stage",
+       .access = at(&T::zero_stage),
+       .help = "with several processes, 1 shards the optimizer state over "
+               "them (ZeRO-1: gradients reduce-scattered, weights "
+               "all-gathered; each rank keeps 1/N of the state); 0 keeps "
+               "all of it on every rank (0)",
+       .min = 0,
+       .max = 1});
+  s.add(
       {.key = "dtype",
        .access = at(&T::dtype),
        .help = hf ? "lora: the frozen base's dtype; full: autocast's (auto: "

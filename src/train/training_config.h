@@ -39,6 +39,7 @@ struct TrainingConfig {
   double warmdown_ratio = 0.2; // share of the steps decaying to zero
   double weight_decay = 0.0;
   double grad_clip = 1.0; // 0 turns clipping off
+  int64_t zero_stage = 0;  // 1: optimizer state sharded over the processes
   std::string dtype = "auto";
   int64_t seed = 42;
 

@@ -469,6 +469,82 @@ TEST(Distributed, ResumesWithAnotherNumberOfProcesses) {
   EXPECT_LT(max_difference(c.weights("one", 6), c.weights("two", 6)), 2e-4);
 }
 
+// ZeRO-1 (zero_stage=1): each rank steps its share of the parameters
+// (Muon's matrices whole, AdamW's split by elements) and keeps only that
+// share's optimizer state; the checkpoint holds the whole state, the same
+// as one process's, so a run resumes with or without sharding.
+TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
+  REQUIRE_GLOO();
+  Corpus c;
+  auto one = test::run_orchard(c.train("one", 6, {"save_every=3"}), c.env);
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  auto two = test::run_orchard(
+      c.launch(
+          free_port(), c.train("two", 6, {"save_every=3", "zero_stage=1"})),
+      c.env);
+  ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
+  // Rank 0 steps part of the values, not all, not none.
+  const std::string said = "Optimizer state sharded over 2 processes "
+                           "(zero_stage=1): rank 0 steps ";
+  const size_t at = two.out.find(said);
+  ASSERT_NE(at, std::string::npos) << two.out;
+  std::istringstream figures(two.out.substr(at + said.size()));
+  int64_t mine = 0, all = 0;
+  std::string of, the;
+  figures >> mine >> of >> the >> all;
+  EXPECT_GT(mine, all / 4) << two.out;
+  EXPECT_LT(mine, 3 * all / 4) << two.out;
+  EXPECT_NE(two.out.find("reduce-scattered"), std::string::npos) << two.out;
+
+  EXPECT_LT(max_difference(c.weights("one", 6), c.weights("two", 6)), 2e-4);
+  // The gathered state is the unsharded one: every tensor, its shape, its
+  // values to float rounding (moments of very different sizes: relative
+  // to each tensor's largest value).
+  auto state = [&](const std::string& run) {
+    return safetensors::load(
+        c.dir.file(run + "/checkpoints/step_000006/optimizer.safetensors"));
+  };
+  const auto s1 = state("one"), s2 = state("two");
+  int compared = 0;
+  for (const auto& [name, t] : s1) {
+    if (name.rfind("rng.", 0) == 0)
+      continue; // each process's own generators
+    ASSERT_TRUE(s2.count(name)) << name;
+    const auto& u = s2.at(name);
+    ASSERT_EQ(t.sizes(), u.sizes()) << name;
+    const double scale = t.abs().max().item<double>();
+    EXPECT_LE(
+        (t.to(torch::kFloat64) - u.to(torch::kFloat64)).abs().max().item<double>(),
+        1e-3 * scale + 1e-9)
+        << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 6);
+
+  // Resume from one process's checkpoint, sharded (the state re-split) ...
+  auto split = test::run_orchard(
+      c.launch(
+          free_port(),
+          c.train(
+              "split",
+              6,
+              {"zero_stage=1",
+               "resume=" + c.dir.file("one/checkpoints/step_000003")})),
+      c.env);
+  ASSERT_EQ(split.exit_code, 0) << split.out << split.err;
+  EXPECT_LT(max_difference(c.weights("one", 6), c.weights("split", 6)), 2e-4);
+  // ... and one process from the sharded run's (the state put together).
+  auto joined = test::run_orchard(
+      c.train(
+          "joined", 6, {"resume=" + c.dir.file("two/checkpoints/step_000003")}),
+      c.env);
+  ASSERT_EQ(joined.exit_code, 0) << joined.out << joined.err;
+  EXPECT_LT(max_difference(c.weights("one", 6), c.weights("joined", 6)), 2e-4);
+  // A control: the last 3 steps moved the weights by far more than the
+  // tolerance above.
+  EXPECT_GT(max_difference(c.weights("one", 3), c.weights("joined", 6)), 1e-3);
+}
+
 // LoRA on the fixture Llama: two ranks, each half of the step's rows,
 // train the adapter one process trains with the whole step.
 TEST(Distributed, TwoProcessesTrainTheLoraAdapterOneProcessTrains) {

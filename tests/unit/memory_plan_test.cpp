@@ -41,6 +41,11 @@ TEST(MemoryPlan, ParameterCountsMatchTheRealModel) {
     EXPECT_EQ(
         estimate_memory(pm, s, 1, 2).gradients,
         e.gradients + 4.0 * double(model->num_parameters()));
+    // zero_stage=1: each of the two ranks keeps half the moments.
+    s.shard_optimizer = true;
+    EXPECT_EQ(
+        estimate_memory(pm, s, 1, 2).optimizer,
+        4.0 * double(model->num_parameters()));
   }
 }
 

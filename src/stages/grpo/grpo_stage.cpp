@@ -623,6 +623,7 @@ class GrpoStage : public Stage {
         .tokens_per_step =
             shape.rows_per_step * world * cfg.max_completion_length,
         .grad_clip = cfg.grad_clip,
+        .zero_stage = int(cfg.zero_stage),
         .warmup_steps = cfg.warmup_steps,
         .warmdown_ratio = cfg.warmdown_ratio,
         .eval_every = cfg.eval_every,

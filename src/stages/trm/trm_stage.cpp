@@ -661,6 +661,7 @@ class TrmStage : public Stage {
         .grad_accum = slots / B,
         .tokens_per_step = G * mc.seq_len,
         .grad_clip = cfg.grad_clip,
+        .zero_stage = int(cfg.zero_stage),
         .warmup_steps = cfg.warmup_steps,
         .warmdown_ratio = cfg.warmdown_ratio,
         .ema = cfg.ema,
