@@ -150,6 +150,46 @@ PY
 [ ${PIPESTATUS[0]} = 0 ] || status=1
 fi
 
+# 3. stage=grpo on GPUs (a random model of Qwen2.5-0.5B's shape, full
+# fine-tuning, float32): one process with 8 completions a step, two with
+# 4 each, and two with zero_stage=1. The weights after 4 steps (the same
+# completions sampled, the same seeds) and the step times.
+if want grpo; then
+  GD=$W/grpo-prompts.jsonl GM=$W/qwen-0.5b
+  python3 bench/peers/grpo_trl.py --data $GD > $OUT/grpo_data.log 2>&1 || status=1
+  python3 bench/peers/grpo_trl.py --make 0.5b $GM > $OUT/grpo_make.log 2>&1 || status=1
+  G1="train stage=grpo model=$GM finetune=full env=answers data=$GD prompt_format=raw
+    num_generations=8 gradient_accumulation_steps=1 max_completion_length=64 max_steps=4
+    learning_rate=1e-6 dtype=float32 eval_steps=0 eval_prompts=1 save_steps=0"
+  $O $G1 per_device_train_batch_size=8 run_dir=$W/g1 > $OUT/grpo_one.log 2>&1 || { status=1; tail -20 $OUT/grpo_one.log; }
+  for z in 0 1; do
+    $O launch --nproc-per-node 2 --master-port 2957$z -- $G1 per_device_train_batch_size=4 zero_stage=$z \
+      run_dir=$W/g2z$z > $OUT/grpo_two_z$z.log 2>&1 || { status=1; tail -20 $OUT/grpo_two_z$z.log; }
+  done
+  grep -h "^Peak memory\|sharded\|^Batch" $OUT/grpo_one.log $OUT/grpo_two_z0.log $OUT/grpo_two_z1.log
+  python3 - $W <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
+import json, statistics, sys
+from safetensors.torch import load_file
+w = sys.argv[1]
+def final(run):
+    return load_file(f"{w}/{run}/checkpoints/step_000004/model.safetensors")
+def secs(run):
+    rows = [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl") if '"tokens_per_s"' in l]
+    t = [r["elapsed_s"] for r in rows]
+    return statistics.median(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else None
+one = final("g1")
+out = {"check": "grpo full 0.5b-shape, 1 vs 2 processes", "median_step_s": {"one": secs("g1")}}
+for run in ("g2z0", "g2z1"):
+    two = final(run)
+    out["max_abs_diff_" + run] = max((one[k].float() - two[k].float()).abs().max().item() for k in one)
+    out["median_step_s"][run] = secs(run)
+start = load_file(f"{w}/qwen-0.5b/model.safetensors")
+shared = [k for k in one if k in start and start[k].shape == one[k].shape]
+out["moved_by_training"] = max((one[k].float() - start[k].float()).abs().max().item() for k in shared) if shared else None
+print(json.dumps(out))
+PY
+fi
+
 # 2. Throughput, one process and two.
 DEPTH=${DEPTH:-12}
 B=${B:-16}
