@@ -273,13 +273,19 @@ TEST(Distributed, TwoProcessesTrainTheTrmOneProcessTrains) {
   ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
   auto two = test::run_orchard(c.launch(free_port(), trm("two")), c.env);
   ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
+  // Resumed on two processes with the optimizer state sharded (ZeRO-1:
+  // AdamATan2's tensors split by elements, SignSGD's puzzle embeddings
+  // whole) from one process's checkpoint.
   auto resumed = test::run_orchard(
       c.launch(
           free_port(),
           trm("resumed",
-              {"resume=" + c.dir.file("one/checkpoints/step_000004")})),
+              {"zero_stage=1",
+               "resume=" + c.dir.file("one/checkpoints/step_000004")})),
       c.env);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.out.find("(zero_stage=1)"), std::string::npos)
+      << resumed.out;
   auto half = test::run_orchard(trm("half", {"global_batch_size=32"}), c.env);
   ASSERT_EQ(half.exit_code, 0) << half.err;
   auto load = [&](const std::string& run, int step, const char* file) {
@@ -383,6 +389,31 @@ TEST(Distributed, TwoProcessesTrainTheGrpoAdapterOneProcessTrains) {
   };
   EXPECT_EQ(rewards("one"), rewards("two"));
   EXPECT_EQ(rewards("two").size(), 3u);
+  // A prompt's group split between the processes (2 rows each, groups of
+  // 4, as TRL allows), with the optimizer state sharded (zero_stage=1):
+  // the adapter and rewards of one process with the 4 rows.
+  auto split = test::run_orchard(
+      c.launch(
+          free_port(),
+          grpo("split", 1, {"per_device_train_batch_size=2", "zero_stage=1"})),
+      c.env);
+  ASSERT_EQ(split.exit_code, 0) << split.out << split.err;
+  EXPECT_NE(split.out.find("(zero_stage=1)"), std::string::npos) << split.out;
+  EXPECT_LT(max_difference(adapter("half"), adapter("split")), 1e-4);
+  EXPECT_EQ(rewards("half"), rewards("split"));
+  // The processes' rows together must be whole groups: 2 x 3 are not.
+  auto ragged = test::run_orchard(
+      c.launch(
+          free_port(), grpo("ragged", 1, {"per_device_train_batch_size=3"})),
+      c.env);
+  EXPECT_NE(ragged.exit_code, 0);
+  EXPECT_NE(
+      ragged.err.find("x 2 processes = 6 is not a multiple of "
+                      "num_generations=4"),
+      std::string::npos)
+      << ragged.err;
+  EXPECT_NE(ragged.err.find("Nearest valid values: 2 or 4."), std::string::npos)
+      << ragged.err;
   // A generation that outlives a step would be each process's own.
   auto spanning = test::run_orchard(
       c.launch(free_port(), grpo("spanning", 1, {"steps_per_generation=2"})),

@@ -261,26 +261,34 @@ int64_t grpo_generation_batch(const GrpoConfig& cfg) {
       cfg.steps_per_generation.value_or(cfg.gradient_accumulation_steps);
 }
 
-GrpoShape grpo_shape(const GrpoConfig& cfg, int64_t micro_batch) {
+GrpoShape grpo_shape(
+    const GrpoConfig& cfg,
+    int64_t micro_batch,
+    int64_t world) {
   GrpoShape s;
   s.rows_per_step = grpo_rows_per_step(cfg);
   s.generation_batch = grpo_generation_batch(cfg);
   const int64_t G = cfg.num_generations;
-  if (s.generation_batch % G != 0) {
-    const int64_t below = s.generation_batch / G * G;
-    const int64_t above = below + G;
+  if (s.generation_batch * world % G != 0) {
+    // The nearest valid values of the setting itself (per process).
+    const int64_t step = G / std::gcd(G, world);
+    const int64_t below = s.generation_batch / step * step;
+    const int64_t above = below + step;
     throw UserError(
         "generation_batch_size=" + std::to_string(s.generation_batch) +
         (cfg.generation_batch_size
              ? std::string()
              : " (per_device_train_batch_size x steps_per_generation)") +
+        (world > 1 ? " x " + std::to_string(world) + " processes = " +
+                 std::to_string(s.generation_batch * world)
+                   : std::string()) +
         " is not a multiple of num_generations=" + std::to_string(G) +
         ": each prompt's completions must be in one generation. Nearest "
         "valid values: " +
         (below > 0 ? std::to_string(below) + " or " : std::string()) +
         std::to_string(above) + ".");
   }
-  s.prompts_per_generation = s.generation_batch / G;
+  s.prompts_per_generation = s.generation_batch * world / G;
   s.micro_batch = micro_batch;
   if (s.rows_per_step % micro_batch != 0 ||
       s.generation_batch % micro_batch != 0)

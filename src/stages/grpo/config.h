@@ -87,7 +87,7 @@ const config::Schema& grpo_schema();
 struct GrpoShape {
   int64_t rows_per_step = 0;    // completions per optimizer step
   int64_t generation_batch = 0; // completions per generation
-  int64_t prompts_per_generation = 0;
+  int64_t prompts_per_generation = 0; // over all processes
   int64_t micro_batch = 0;      // completions per micro-step (as set or planned)
   int64_t accumulation = 0;     // micro-steps per optimizer step
 };
@@ -95,8 +95,14 @@ struct GrpoShape {
 // Checks the settings that do not need the model and works out the batch;
 // `micro_batch`: the one chosen (device_batch_size or the plan's). UserError
 // naming the key and the nearest valid values for a batch that does not
-// divide (generation_batch_size by num_generations, ...).
-GrpoShape grpo_shape(const GrpoConfig& cfg, int64_t micro_batch);
+// divide (generation_batch_size by num_generations, ...). With `world`
+// processes the generation is theirs together (TRL's): its completions,
+// generation_batch x world, must be whole prompts' groups, while one
+// prompt's group may be split between two processes.
+GrpoShape grpo_shape(
+    const GrpoConfig& cfg,
+    int64_t micro_batch,
+    int64_t world = 1);
 
 // The rows per optimizer step before a micro-batch is chosen, and the
 // micro-batches that divide both it and the generation batch.

@@ -232,7 +232,7 @@ class GrpoStage : public Stage {
     const models::HfModelConfig mc = models::read_hf_config(cfg.model);
     const GrpoPlanRows p = plan_rows(mc, cfg, device);
     const int64_t gb = grpo::grpo_generation_batch(cfg);
-    grpo::grpo_shape(cfg, p.choice.batch); // bad batches fail here
+    grpo::grpo_shape(cfg, p.choice.batch, dist::size()); // bad batches fail
     Plan out;
     out.fits = p.choice.fits;
     nlohmann::json rows = nlohmann::json::array();
@@ -311,7 +311,7 @@ class GrpoStage : public Stage {
     const torch::Device dev = device.device;
     const bool lora = finetune_kind(cfg) == "lora";
     // Settings that fail without the model fail first.
-    grpo::grpo_shape(cfg, 1);
+    grpo::grpo_shape(cfg, 1, dist::size());
     const auto scale = grpo::parse_scale_rewards(cfg.scale_rewards);
     const auto loss_type = grpo::parse_loss_type(cfg.loss_type);
     const auto level =
@@ -443,7 +443,7 @@ class GrpoStage : public Stage {
             micro = b;
       micro_why = cfg.device_batch_size ? "as set" : "auto";
     }
-    const grpo::GrpoShape shape = grpo::grpo_shape(cfg, micro);
+    const grpo::GrpoShape shape = grpo::grpo_shape(cfg, micro, dist::size());
     // Several processes: each takes its own prompts of every generation
     // (per_device_train_batch_size x gradient_accumulation_steps rows a
     // step, as TRL's), one generation per optimizer step, so that no
@@ -644,7 +644,9 @@ class GrpoStage : public Stage {
           (reward_process ? "; reward_cmd: " + cfg.reward_cmd : ""));
       log("Rollouts: " + std::to_string(shape.prompts_per_generation) +
           " prompts x " + std::to_string(cfg.num_generations) +
-          " completions per generation, up to " +
+          " completions per generation" +
+          (world > 1 ? " (all processes' together)" : std::string()) +
+          ", up to " +
           std::to_string(cfg.max_completion_length) +
           " new tokens, temperature " + fmt("%g", cfg.temperature) + "; " +
           cfg.loss_type + " loss, beta " + fmt("%g", cfg.beta) +

@@ -246,23 +246,33 @@ Learner::Scored Learner::rollout(
 
 void Learner::generate() {
   const int64_t G = opt_.num_generations;
-  const int64_t prompts = opt_.generation_batch / G; // this process's
-  std::vector<const Example*> examples;
-  for (int64_t i = 0; i < prompts * opt_.world; ++i) {
+  // This process's rows of the whole generation (every process's, in rank
+  // order): [first_row, first_row + rows). Where G divides them each
+  // process samples whole groups; else (TRL allows it: 2 processes of 4
+  // rows, G = 8) a group is split between processes, and each row is
+  // generated as a prompt of its own.
+  const int64_t rows = opt_.generation_batch, first_row = opt_.rank * rows;
+  const bool whole_groups = rows % G == 0;
+  std::vector<const Example*> examples; // per prompt, or per row
+  for (int64_t i = 0; i < rows * opt_.world / G; ++i) {
     if (cursor_ >= int64_t(order_.size())) {
       ++epoch_;
       cursor_ = 0;
       shuffle_epoch();
     }
-    const int64_t picked = order_[size_t(cursor_++)];
-    if (i / prompts == opt_.rank)
-      examples.push_back(&env_.train()[size_t(picked)]);
+    const Example* e = &env_.train()[size_t(order_[size_t(cursor_++)])];
+    for (int64_t k = 0; k < (whole_groups ? 1 : G); ++k) {
+      const int64_t row = whole_groups ? i * G : i * G + k;
+      if (row >= first_row && row < first_row + rows)
+        examples.push_back(e);
+    }
   }
   // Row r of the whole generation samples with seed + r (the engine adds
   // this process's row to the seed it is given).
-  const int64_t rows = prompts * G, first_row = opt_.rank * rows;
   Scored s = rollout(
-      examples, G, mix(opt_.seed, uint64_t(generations_)) + uint64_t(first_row));
+      examples,
+      whole_groups ? G : 1,
+      mix(opt_.seed, uint64_t(generations_)) + uint64_t(first_row));
   // The engine's caches and captured graphs would sit through training:
   // the next rollout makes them again.
   engine_.reset();
@@ -271,8 +281,8 @@ void Learner::generate() {
 
   auto b = std::make_unique<Buffer>();
   b->prompt_ids = s.prompt_ids;
-  for (int64_t r = 0; r < prompts * G; ++r)
-    b->prompt_of_row.push_back(r / G);
+  for (int64_t r = 0; r < rows; ++r)
+    b->prompt_of_row.push_back(whole_groups ? r / G : r);
   b->completions = s.completions;
   b->truncated = s.truncated;
   // Advantages over the whole generation (every process's rows; batch
