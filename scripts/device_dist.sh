@@ -17,9 +17,10 @@
 #      (COMPILE=1: torch.compile). The goal: two GPUs >= 1.9x one, and at
 #      least DDP's scaling.
 #   2b. The two-process run again with zero_stage=1: tokens/s and each
-#      rank's peak memory beside the unsharded run's.
-# PARTS picks what runs (default "same trm zero bench"; "zero" alone is
-# 1c and 2b).
+#      rank's peak memory beside the unsharded run's. OPTIM=muon trains
+#      parts 2 and 2b with Muon (the default of base) instead of AdamW.
+# PARTS picks what runs (default "same trm zero zbench bench grpo"; "zero"
+# is 1c, "zbench" 2b, "grpo" 3). NCCL_MAX_NCHANNELS etc. pass through.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
 # machine. Logs come back as $OUT/logs.tgz, the figures as
 # $OUT/dist_bench.jsonl.
@@ -64,7 +65,7 @@ print(f"{v[len(v) // 2]:.0f}" if v else "nan")
 PY
 }
 
-PARTS=" ${PARTS:-same trm zero bench} "
+PARTS=" ${PARTS:-same trm zero zbench bench grpo} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
 # 1. Same weights, one process against two.
@@ -158,9 +159,21 @@ if want grpo; then
   GD=$W/grpo-prompts.jsonl GM=$W/qwen-0.5b
   python3 bench/peers/grpo_trl.py --data $GD > $OUT/grpo_data.log 2>&1 || status=1
   python3 bench/peers/grpo_trl.py --make 0.5b $GM > $OUT/grpo_make.log 2>&1 || status=1
+  # A random model answers no sum right: a reward_cmd that scores the
+  # completion's token ids gives every group a spread (advantages that
+  # are not all zero, so the weights move).
+  cat > $W/ids_reward.py <<'PY'
+#!/usr/bin/env python3
+import json, sys
+for line in sys.stdin:
+    ids = json.loads(line)["completion_ids"]
+    print(json.dumps({"ids": (sum(ids) % 97) / 97.0}), flush=True)
+PY
   G1="train stage=grpo model=$GM finetune=full env=answers data=$GD prompt_format=raw
     num_generations=8 gradient_accumulation_steps=1 max_completion_length=64 max_steps=4
-    learning_rate=1e-6 dtype=float32 eval_steps=0 eval_prompts=1 save_steps=0"
+    learning_rate=1e-5 dtype=float32 eval_steps=0 eval_prompts=1 save_steps=0"
+  chmod +x $W/ids_reward.py
+  G1="$G1 reward_cmd=$W/ids_reward.py"
   $O $G1 per_device_train_batch_size=8 run_dir=$W/g1 > $OUT/grpo_one.log 2>&1 || { status=1; tail -20 $OUT/grpo_one.log; }
   for z in 0 1; do
     $O launch --nproc-per-node 2 --master-port 2957$z -- $G1 per_device_train_batch_size=4 zero_stage=$z \
@@ -183,6 +196,7 @@ for run in ("g2z0", "g2z1"):
     two = final(run)
     out["max_abs_diff_" + run] = max((one[k].float() - two[k].float()).abs().max().item() for k in one)
     out["median_step_s"][run] = secs(run)
+out["rewards"] = {run: [round(json.loads(l)["reward"], 6) for l in open(f"{w}/{run}/metrics.jsonl") if '"reward"' in l and '"loss"' in l] for run in ("g1", "g2z0", "g2z1")}
 start = load_file(f"{w}/qwen-0.5b/model.safetensors")
 shared = [k for k in one if k in start and start[k].shape == one[k].shape]
 out["moved_by_training"] = max((one[k].float() - start[k].float()).abs().max().item() for k in shared) if shared else None
@@ -196,14 +210,14 @@ B=${B:-16}
 T=${T:-1024}
 STEPS=${STEPS:-30}
 BIG="train --device $DEV data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=$DEPTH max_seq_len=$T
-  optimizer=adamw device_batch_size=$B num_iterations=$STEPS eval_every=0 sample_every=0 save_every=0
+  optimizer=${OPTIM:-adamw} device_batch_size=$B num_iterations=$STEPS eval_every=0 sample_every=0 save_every=0
   eval_tokens=$((B * T))"
 peak() { grep -h "^Peak memory" "$1" | head -1; }
-if want zero; then
+if want zbench; then
   for z in 0 1; do
     $O launch --nproc-per-node 2 --master-port 29566 -- $BIG total_batch_size=$((2 * B * T)) zero_stage=$z run_dir=$W/bz$z \
       > $OUT/bench_zero$z.log 2>&1 || { status=1; tail -20 $OUT/bench_zero$z.log; }
-    echo "{\"orchard\": \"d$DEPTH ${B}x$T two processes\", \"zero_stage\": $z, \"tokens_per_s\": $(median $W/bz$z/metrics.jsonl), \"peak\": \"$(peak $OUT/bench_zero$z.log)\"}" | tee -a "$RESULT/dist_bench.jsonl"
+    echo "{\"orchard\": \"d$DEPTH ${B}x$T two processes\", \"optimizer\": \"${OPTIM:-adamw}\", \"zero_stage\": $z, \"tokens_per_s\": $(median $W/bz$z/metrics.jsonl), \"peak\": \"$(peak $OUT/bench_zero$z.log)\"}" | tee -a "$RESULT/dist_bench.jsonl"
   done
 fi
 want bench || exit $status

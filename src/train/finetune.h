@@ -123,11 +123,15 @@ struct FinetuneMemory {
         workspace;
   }
 };
+// With `processes` ranks (dist::size() by default) each plans its own:
+// the gradient averager's buckets beside the gradients, and with
+// zero_stage=1 its share of the optimizer state.
 FinetuneMemory finetune_memory(
     const models::HfModelConfig& model,
     const FinetuneConfig& cfg,
     torch::ScalarType base_dtype,
-    int64_t micro_batch);
+    int64_t micro_batch,
+    int processes = 0);
 
 // Micro-batches 1, 2, 4, 8, 16 with their estimates against the budget; the
 // choice is device_batch_size when set, else the largest that fits and

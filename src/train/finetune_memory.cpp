@@ -4,6 +4,7 @@
 #include "train/finetune.h"
 
 #include "core/dtype.h"
+#include "dist/world.h"
 #include "models/hf/family.h"
 #include "train/low_precision_state.h"
 #include "train/memory_plan.h"
@@ -50,7 +51,8 @@ FinetuneMemory finetune_memory(
     const models::HfModelConfig& m,
     const FinetuneConfig& cfg,
     torch::ScalarType base_dtype,
-    int64_t B) {
+    int64_t B,
+    int processes) {
   FinetuneMemory r;
   const bool lora = cfg.stage == "lora";
   const double b =
@@ -78,6 +80,12 @@ FinetuneMemory finetune_memory(
   r.optimizer = finetune_optimizer_options(cfg).adam_8bit
       ? trained * (2 + 8.0 / double(kBlock))
       : trained * 8;
+  const int world = processes > 0 ? processes : dist::size();
+  if (world > 1) {
+    r.gradients *= 2; // the averager's flat buckets, allocated once
+    if (cfg.zero_stage >= 1)
+      r.optimizer /= double(world);
+  }
   // Per token and layer, what the backward keeps: the norms' float32
   // inputs, q/k/v and their rotations, attention output, the MLP's four
   // intermediate vectors; LoRA with dropout adds each adapter's dropped

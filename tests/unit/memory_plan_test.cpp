@@ -3,6 +3,9 @@
 // checkpointing when nothing fits without it, and the no-fit message.
 #include "train/memory_plan.h"
 #include "core/device.h"
+#include "models/hf/config.h"
+#include "test_util.h"
+#include "train/finetune.h"
 
 #include <gtest/gtest.h>
 
@@ -114,6 +117,26 @@ TEST(MemoryPlan, BudgetPerDevice) {
   EXPECT_NE(memory_budget(cuda).why.find("free GPU memory"), std::string::npos);
   DeviceInfo cpu = resolve_device("auto", simulated_machine("cpu", 8));
   EXPECT_EQ(memory_budget(cpu, 0.5).bytes, cpu.free_memory / 2);
+}
+
+
+// Fine-tuning with several processes: each rank plans the gradient
+// averager's buckets beside its gradients and, with zero_stage=1, its share
+// of AdamW's moments (full fine-tuning of the fixture Llama, float32).
+TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
+  const auto mc = models::read_hf_config(
+      std::string(ORCHARD_FIXTURES) + "/hf/llama");
+  FinetuneConfig cfg;
+  cfg.stage = "full";
+  const auto one = finetune_memory(mc, cfg, torch::kFloat32, 2, 1);
+  EXPECT_EQ(one.optimizer, 2 * one.weights); // two float32 moments a weight
+  const auto two = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
+  EXPECT_EQ(two.gradients, 2 * one.gradients);
+  EXPECT_EQ(two.optimizer, one.optimizer);
+  cfg.zero_stage = 1;
+  const auto sharded = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
+  EXPECT_EQ(sharded.optimizer, one.optimizer / 2);
+  EXPECT_EQ(sharded.activations, one.activations);
 }
 
 } // namespace
