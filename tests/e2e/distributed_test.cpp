@@ -476,34 +476,11 @@ TEST(Distributed, AutoMicroBatchIsTheSmallestAnyRankPlanned) {
       << r0.out;
 }
 
-// A run saved by one process resumes on two (the data position converted)
-// and ends where one process would have.
-TEST(Distributed, ResumesWithAnotherNumberOfProcesses) {
-  REQUIRE_GLOO();
-  Corpus c;
-  auto one = test::run_orchard(c.train("one", 6, {"save_every=3"}), c.env);
-  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
-  auto two = test::run_orchard(
-      c.launch(
-          free_port(),
-          c.train(
-              "two",
-              6,
-              {"resume=" + c.dir.file("one/checkpoints/step_000003")})),
-      c.env);
-  ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
-  EXPECT_NE(
-      two.out.find("Resuming with 2 process(es) where the checkpoint's run "
-                   "had 1"),
-      std::string::npos)
-      << two.out;
-  EXPECT_LT(max_difference(c.weights("one", 6), c.weights("two", 6)), 2e-4);
-}
-
 // ZeRO-1 (zero_stage=1): each rank steps its share of the parameters
 // (Muon's matrices whole, AdamW's split by elements) and keeps only that
 // share's optimizer state; the checkpoint holds the whole state, the same
-// as one process's, so a run resumes with or without sharding.
+// as one process's, so a run resumes with or without sharding, on another
+// number of processes.
 TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
   REQUIRE_GLOO();
   Corpus c;
@@ -552,7 +529,25 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
   }
   EXPECT_GT(compared, 6);
 
-  // Resume from one process's checkpoint, sharded (the state re-split) ...
+  // A run saved by one process resumes on two (the data position
+  // converted) and ends where one process would have: unsharded ...
+  auto resumed = test::run_orchard(
+      c.launch(
+          free_port(),
+          c.train(
+              "resumed",
+              6,
+              {"resume=" + c.dir.file("one/checkpoints/step_000003")})),
+      c.env);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_NE(
+      resumed.out.find("Resuming with 2 process(es) where the checkpoint's "
+                       "run had 1"),
+      std::string::npos)
+      << resumed.out;
+  EXPECT_LT(
+      max_difference(c.weights("one", 6), c.weights("resumed", 6)), 2e-4);
+  // ... sharded (the state re-split) ...
   auto split = test::run_orchard(
       c.launch(
           free_port(),
