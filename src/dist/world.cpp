@@ -414,23 +414,22 @@ class OverlappedAverager final : public GradientAverager {
         if (!slots_[i].ready) {
           const Slot& s = slots_[i];
           const torch::Tensor& acc = s.param.grad();
-          for (const Segment& g : s.segments) {
-            torch::Tensor dst = in_bucket(s, g);
+          for (const Segment& g : s.segments)
             if (acc.defined())
-              torch::mul_out(
-                  dst, acc.reshape({-1}).narrow(0, g.begin, g.length), share());
+              in_bucket(s, g).copy_(acc.reshape({-1}).narrow(
+                  0, g.begin, g.length));
             else
-              dst.zero_();
-          }
+              in_bucket(s, g).zero_();
           ready(i);
         }
       launch_ready(/*in_backward=*/false);
       armed_ = false;
     }
-    // Each rank's gradients went in divided by the world size (below):
-    // the sums are the mean.
-    for (auto& b : buckets_)
+    const double n = double(size());
+    for (auto& b : buckets_) {
       collective("averaging gradients", [&] { b.work->wait(); });
+      (sharded_ ? region(b, rank()) : b.flat).div_(n);
+    }
     if (!sharded_) {
       // .grad becomes a view of the mean (no copy back); the gradient
       // autograd accumulated on its own is dropped.
@@ -613,18 +612,9 @@ class OverlappedAverager final : public GradientAverager {
     return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
   }
 
-  // 1 / world size, as a scalar operand: a gradient enters its bucket
-  // divided (one kernel for the copy and the division, during the
-  // backward, as DDP's reducer does), so no pass over the buckets is left
-  // for after it. For 2, 4, 8 ranks the division is exact.
-  torch::Tensor share() const {
-    return torch::scalar_tensor(1.0 / double(size()), torch::kDouble);
-  }
-
   // Autograd's hook (its thread on CUDA): the step's gradient g of
-  // parameter i, before it is added to .grad. The bucket gets the sum
-  // (over the micro-steps) over the world size now, queued on the stream
-  // the collective waits for.
+  // parameter i, before it is added to .grad. The bucket gets the sum now
+  // (queued on the stream the collective waits for).
   void on_gradient(size_t i, const torch::Tensor& g) {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[i];
@@ -636,13 +626,11 @@ class OverlappedAverager final : public GradientAverager {
     for (const Segment& seg : s.segments) {
       torch::Tensor dst = in_bucket(s, seg);
       const torch::Tensor part = flat_g.narrow(0, seg.begin, seg.length);
-      if (acc.defined()) {
+      if (acc.defined())
         torch::add_out(
             dst, acc.reshape({-1}).narrow(0, seg.begin, seg.length), part);
-        dst.mul_(1.0 / double(size()));
-      } else {
-        torch::mul_out(dst, part, share());
-      }
+      else
+        dst.copy_(part);
     }
     ++hooked_;
     ready(i);
