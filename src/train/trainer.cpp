@@ -219,6 +219,23 @@ int64_t Trainer::resume() {
         slice_sharded_state(ckpt->optimizer, averager_->pieces()));
   else
     optimizers_.load(ckpt->optimizer);
+  // The checkpoint holds the whole optimizer state whoever wrote it: say
+  // so when it was another number of processes or another sharding.
+  const int was = int(number_or(ckpt->state, "processes", 1));
+  const bool was_sharded = number_or(ckpt->state, "zero_stage", 0) >= 1;
+  if (was != dist::size() || was_sharded != bool(shard_optimizers_))
+    log_(
+        "The checkpoint was written by " + std::to_string(was) +
+        " process(es)" +
+        (was_sharded ? ", each keeping its share of the optimizer state"
+                     : "") +
+        "; this run has " + std::to_string(dist::size()) +
+        (shard_optimizers_
+             ? ", each taking its share of the checkpoint's optimizer state "
+               "(zero_stage=1)"
+             : dist::size() > 1 ? ", each with all of the optimizer state"
+                                : ", with all of the optimizer state") +
+        ": weights and optimizer state carry over.");
   load_rng_state(ckpt->optimizer, opt_.device);
   if (task_.restore_tensors)
     task_.restore_tensors(*ckpt);
@@ -334,6 +351,8 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
   state["complete"] = complete;
   state["skipped_steps"] = skipped_;
   state["micro_batch"] = opt_.micro_batch;
+  state["processes"] = dist::size();
+  state["zero_stage"] = shard_optimizers_ ? 1 : 0;
   state["train_seconds"] = seconds_;
   state["peak_memory_bytes"] = peak_memory_;
   if (scaler_.enabled())

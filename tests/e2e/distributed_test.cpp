@@ -558,6 +558,12 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
                "resume=" + c.dir.file("one/checkpoints/step_000003")})),
       c.env);
   ASSERT_EQ(split.exit_code, 0) << split.out << split.err;
+  EXPECT_NE(
+      split.out.find("The checkpoint was written by 1 process(es); this run "
+                     "has 2, each taking its share of the checkpoint's "
+                     "optimizer state (zero_stage=1)"),
+      std::string::npos)
+      << split.out;
   EXPECT_LT(max_difference(c.weights("one", 6), c.weights("split", 6)), 2e-4);
   // ... and one process from the sharded run's (the state put together).
   auto joined = test::run_orchard(
@@ -565,6 +571,12 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
           "joined", 6, {"resume=" + c.dir.file("two/checkpoints/step_000003")}),
       c.env);
   ASSERT_EQ(joined.exit_code, 0) << joined.out << joined.err;
+  EXPECT_NE(
+      joined.out.find("The checkpoint was written by 2 process(es), each "
+                      "keeping its share of the optimizer state; this run "
+                      "has 1, with all of the optimizer state"),
+      std::string::npos)
+      << joined.out;
   EXPECT_LT(max_difference(c.weights("one", 6), c.weights("joined", 6)), 2e-4);
   // A control: the last 3 steps moved the weights by far more than the
   // tolerance above.
