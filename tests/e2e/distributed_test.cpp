@@ -645,6 +645,45 @@ TEST(Distributed, TwoProcessesTrainTheLoraAdapterOneProcessTrains) {
       max_difference(a, b),
       control);
   EXPECT_GT(control, 1e-3);
+
+  // Full fine-tuning with 8-bit moments and the state sharded: 8-bit
+  // tensors are stepped whole by one rank each (their blocks), and the
+  // checkpoint holds every one of them.
+  auto full = [&](const std::string& run) {
+    auto a = args(run);
+    std::replace(
+        a.begin(), a.end(), std::string("stage=lora"), std::string("stage=full"));
+    a.push_back("optim=adamw_8bit");
+    a.push_back("learning_rate=1e-3");
+    return a;
+  };
+  auto full_one = test::run_orchard(full("full_one"), c.env);
+  ASSERT_EQ(full_one.exit_code, 0) << full_one.out << full_one.err;
+  auto full_args = full("full_two");
+  full_args.push_back("zero_stage=1");
+  auto full_two =
+      test::run_orchard(c.launch(free_port(), full_args), c.env);
+  ASSERT_EQ(full_two.exit_code, 0) << full_two.out << full_two.err;
+  EXPECT_NE(full_two.out.find(" whole)"), std::string::npos) << full_two.out;
+  auto checkpoint = [&](const std::string& run, const char* file) {
+    return safetensors::load(
+        c.dir.file(run + "/checkpoints/step_000004/" + file));
+  };
+  EXPECT_LT(
+      max_difference(
+          checkpoint("full_one", "model.safetensors"),
+          checkpoint("full_two", "model.safetensors")),
+      1e-4);
+  const auto s1 = checkpoint("full_one", "optimizer.safetensors");
+  const auto s2 = checkpoint("full_two", "optimizer.safetensors");
+  int codes = 0;
+  for (const auto& [name, t] : s1)
+    if (name.size() > 3 && name.compare(name.size() - 3, 3, ".q8") == 0) {
+      ASSERT_TRUE(s2.count(name)) << name;
+      ASSERT_EQ(t.sizes(), s2.at(name).sizes()) << name;
+      ++codes;
+    }
+  EXPECT_GT(codes, 4);
   // The adapter moved: its B matrices start at zero.
   double moved = 0;
   for (const auto& [name, t] : b)
