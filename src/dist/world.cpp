@@ -6,27 +6,22 @@
 #include "dist/world.h"
 
 #include "core/error.h"
+#include "dist/c10d_group.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 
-// Gloo: where libtorch was built with it and its headers are installed
-// (Debian: libgloo-dev; PyTorch 2.x's wheel defines USE_C10D_GLOO but ships
-// no Gloo headers). NCCL: CUDA builds of libtorch.
-#if defined(USE_C10D_GLOO) && __has_include(<gloo/config.h>)
-#define ORCHARD_HAVE_GLOO 1
+#if defined(ORCHARD_HAVE_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
-#if defined(ORCHARD_HAVE_GLOO) || defined(USE_C10D_NCCL)
-#define ORCHARD_HAVE_C10D 1
+#if defined(ORCHARD_HAVE_C10D)
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
@@ -66,24 +61,6 @@ std::string why_of(const std::exception& e) {
   if (auto* c10 = dynamic_cast<const c10::Error*>(&e))
     return first_line(c10->what_without_backtrace());
   return first_line(e.what());
-}
-
-// Runs a collective; a broken group (a rank died, the network failed)
-// becomes a message saying so.
-template <class F>
-void collective(const std::string& what, F&& fn) {
-  try {
-    fn();
-  } catch (const UserError&) {
-    throw;
-  } catch (const std::exception& e) { // c10::Error, or c10d's socket errors
-    throw UserError(
-        "rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
-        ": " + what + " failed (" + why_of(e) +
-        "). Another rank most likely stopped (its error is printed above), "
-        "or the network between the ranks broke. Checkpoints already "
-        "written are intact: run the same launch again to resume.");
-  }
 }
 
 // Tensors grouped by dtype and device, in order, cut into buckets.
@@ -169,6 +146,33 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env) {
 #endif
 
 } // namespace
+
+namespace detail {
+
+void collective(const std::string& what, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) { // c10::Error, or c10d's socket errors
+    throw UserError(
+        "rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
+        ": " + what + " failed (" + why_of(e) +
+        "). Another rank most likely stopped (its error is printed above), "
+        "or the network between the ranks broke. Checkpoints already "
+        "written are intact: run the same launch again to resume.");
+  }
+}
+
+#if defined(ORCHARD_HAVE_C10D)
+compat::CollectiveGroup& group() {
+  return *world().group;
+}
+#endif
+
+} // namespace detail
+
+using detail::collective;
 
 std::pair<bool, std::string> backend_for(const std::string& device_type) {
   if (device_type == "cpu") {
@@ -299,409 +303,6 @@ void all_reduce_mean(const std::vector<torch::Tensor>& tensors) {
       flat[0].div_(n);
     });
 #endif
-}
-
-#if defined(ORCHARD_HAVE_C10D)
-namespace {
-
-// Buckets of about 25 MB (DDP's default), parameters in the reverse of
-// their order: the backward produces the last layers' gradients first.
-// Sharded, each rank's region of a bucket is up to 25 MB (a bucket of
-// world x 25 MB), so that a region can hold a large matrix whole and the
-// regions stay balanced.
-constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
-
-class OverlappedAverager final : public GradientAverager {
- public:
-  OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
-      : sharded_(sharded) {
-    const int64_t cap = kOverlapBucketBytes * (sharded ? size() : 1);
-    std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
-    for (auto it = params.rbegin(); it != params.rend(); ++it) {
-      const torch::Tensor& p = it->param;
-      if (!p.requires_grad())
-        continue;
-      auto kind = std::pair{int(p.scalar_type()), p.device().str()};
-      auto o = open.find(kind);
-      if (o == open.end() ||
-          (buckets_[o->second].values + p.numel()) * int64_t(p.element_size()) >
-              cap) {
-        buckets_.push_back({});
-        buckets_.back().options = p.options().requires_grad(false);
-        o = open.insert_or_assign(kind, buckets_.size() - 1).first;
-      }
-      Bucket& b = buckets_[o->second];
-      slots_.push_back({it->name, p, it->whole, o->second, {}, false});
-      b.values += p.numel();
-      b.slots.push_back(slots_.size() - 1);
-    }
-    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      Bucket& b = buckets_[bi];
-      if (sharded_) {
-        lay_out_regions(b);
-      } else {
-        int64_t at = 0;
-        for (size_t i : b.slots) {
-          slots_[i].segments.push_back({0, slots_[i].param.numel(), at, -1});
-          at += slots_[i].param.numel();
-        }
-      }
-      // Zeros: a region's padding is never written and sums to zero.
-      b.flat = torch::zeros({b.values}, b.options);
-    }
-    if (sharded_) {
-      torch::NoGradGuard no_grad;
-      for (const Slot& s : slots_)
-        for (const Segment& g : s.segments)
-          if (g.owner == rank()) {
-            const bool whole = g.length == s.param.numel() && s.whole;
-            pieces_.push_back(
-                {s.name,
-                 s.param,
-                 g.begin,
-                 g.length,
-                 whole,
-                 whole ? s.param
-                       : s.param.detach().view({-1}).narrow(
-                             0, g.begin, g.length)});
-            piece_at_.push_back({s.bucket, g.offset});
-          }
-    }
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      torch::Tensor p = slots_[i].param;
-      hooks_.push_back(p.register_hook(
-          [this, i](torch::Tensor g) { on_gradient(i, g); }));
-    }
-  }
-
-  ~OverlappedAverager() override {
-    for (size_t i = 0; i < slots_.size(); ++i)
-      slots_[i].param.remove_hook(hooks_[i]);
-  }
-
-  void arm() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    armed_ = true;
-    next_ = 0;
-    sent_in_backward_ = 0;
-    hooked_ = 0;
-    for (auto& s : slots_)
-      s.ready = false;
-    for (auto& b : buckets_) {
-      b.ready = 0;
-      b.work.reset();
-    }
-  }
-
-  void disarm() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    armed_ = false;
-    for (auto& b : buckets_)
-      try { // called while an error unwinds: never throws
-        if (b.work)
-          b.work->wait();
-      } catch (const std::exception&) {
-      }
-  }
-
-  void finish() override {
-    torch::NoGradGuard no_grad;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      // Parameters the backward did not reach: what earlier micro-steps
-      // left in .grad, or zeros.
-      for (size_t i = 0; i < slots_.size(); ++i)
-        if (!slots_[i].ready) {
-          const Slot& s = slots_[i];
-          const torch::Tensor& acc = s.param.grad();
-          for (const Segment& g : s.segments)
-            if (acc.defined())
-              in_bucket(s, g).copy_(acc.reshape({-1}).narrow(
-                  0, g.begin, g.length));
-            else
-              in_bucket(s, g).zero_();
-          ready(i);
-        }
-      launch_ready(/*in_backward=*/false);
-      armed_ = false;
-    }
-    const double n = double(size());
-    for (auto& b : buckets_) {
-      collective("averaging gradients", [&] { b.work->wait(); });
-      (sharded_ ? region(b, rank()) : b.flat).div_(n);
-    }
-    if (!sharded_) {
-      // .grad becomes a view of the mean (no copy back); the gradient
-      // autograd accumulated on its own is dropped.
-      for (auto& s : slots_)
-        s.param.mutable_grad() = in_bucket(s, s.segments[0]).view(
-            s.param.sizes());
-      return;
-    }
-    // Sharded: the mean exists only for this rank's pieces.
-    for (auto& s : slots_)
-      s.param.mutable_grad() = torch::Tensor();
-    for (size_t k = 0; k < pieces_.size(); ++k) {
-      ShardPiece& p = pieces_[k];
-      p.value.mutable_grad() =
-          piece_in_bucket(k).view(p.value.sizes());
-    }
-  }
-
-  const std::vector<ShardPiece>& pieces() const override {
-    return pieces_;
-  }
-
-  void gather_parameters() override {
-    if (!sharded_)
-      return;
-    torch::NoGradGuard no_grad;
-    for (size_t k = 0; k < pieces_.size(); ++k) {
-      ShardPiece& p = pieces_[k];
-      p.value.mutable_grad() = torch::Tensor(); // the bucket is reused now
-      piece_in_bucket(k).copy_(p.value.reshape({-1}));
-    }
-    for (auto& b : buckets_) {
-      torch::Tensor mine = region(b, rank());
-      collective("gathering the updated parameters", [&] {
-        if (b.flat.is_cuda()) { // NCCL: in place, this rank's region
-          b.work = world().group->_allgather_base(b.flat, mine);
-          return;
-        }
-        // Gloo (1.13's has no all-gather into one tensor): a sum of
-        // zeros but for each rank's own region.
-        const int64_t r = b.region, at = r * rank();
-        b.flat.narrow(0, 0, at).zero_();
-        b.flat.narrow(0, at + r, b.values - at - r).zero_();
-        std::vector<torch::Tensor> v = {b.flat};
-        b.work = world().group->allreduce(v);
-      });
-    }
-    for (auto& b : buckets_) {
-      collective("gathering the updated parameters", [&] { b.work->wait(); });
-      b.work.reset();
-      for (size_t i : b.slots)
-        for (const Segment& g : slots_[i].segments)
-          if (g.owner != rank())
-            slots_[i]
-                .param.detach()
-                .view({-1})
-                .narrow(0, g.begin, g.length)
-                .copy_(in_bucket(slots_[i], g));
-    }
-  }
-
-  std::string describe() const override {
-    int64_t padding = 0, values = 0;
-    for (const auto& b : buckets_) {
-      int64_t used = 0;
-      for (size_t i : b.slots)
-        used += slots_[i].param.numel();
-      padding += b.values - used;
-      values += b.values;
-    }
-    const std::string mb =
-        std::to_string(kOverlapBucketBytes >> 20) + " MB";
-    std::string out = std::to_string(buckets_.size()) + " bucket(s) of up to " +
-        (sharded_ ? mb + " a rank, reduce-scattered" : mb) + ", " +
-        std::to_string(sent_in_backward_) +
-        " of them sent while the backward ran; " + std::to_string(hooked_) +
-        " of " + std::to_string(slots_.size()) +
-        " gradients handed over by its hooks";
-    if (sharded_) {
-      int whole = 0;
-      for (const auto& p : pieces_)
-        whole += p.whole ? 1 : 0;
-      out += "; this rank steps " + std::to_string(pieces_.size()) +
-          " piece(s) (" + std::to_string(whole) + " whole), " +
-          format_share(double(padding) / double(std::max<int64_t>(1, values))) +
-          " of the buckets is padding";
-    }
-    return out;
-  }
-
- private:
-  // Part of a parameter's flattened elements at `offset` in its bucket,
-  // stepped by rank `owner` (-1: not sharded).
-  struct Segment {
-    int64_t begin, length, offset;
-    int owner;
-  };
-  struct Slot {
-    std::string name;
-    torch::Tensor param;
-    bool whole;
-    size_t bucket;
-    std::vector<Segment> segments;
-    bool ready;
-  };
-  struct Bucket {
-    torch::TensorOptions options;
-    int64_t values = 0; // sharded: world x region
-    int64_t region = 0; // sharded: each rank's values
-    std::vector<size_t> slots;
-    size_t ready = 0;
-    torch::Tensor flat;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-
-  static std::string format_share(double x) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f %%", 100.0 * x);
-    return buf;
-  }
-
-  // Cuts bucket b into one region per rank, all of one length: whole
-  // parameters first, largest first, each to the least filled region; the
-  // others poured in order into what is left, split where a region fills.
-  void lay_out_regions(Bucket& b) {
-    const int world = size();
-    std::vector<int64_t> filled(size_t(world), 0);
-    std::vector<size_t> whole;
-    int64_t total = 0;
-    for (size_t i : b.slots) {
-      total += slots_[i].param.numel();
-      if (slots_[i].whole)
-        whole.push_back(i);
-    }
-    std::stable_sort(whole.begin(), whole.end(), [&](size_t x, size_t y) {
-      return slots_[x].param.numel() > slots_[y].param.numel();
-    });
-    std::vector<std::pair<size_t, int>> whole_owner;
-    for (size_t i : whole) {
-      const int r = int(
-          std::min_element(filled.begin(), filled.end()) - filled.begin());
-      whole_owner.push_back({i, r});
-      filled[size_t(r)] += slots_[i].param.numel();
-    }
-    b.region = std::max(
-        *std::max_element(filled.begin(), filled.end()),
-        (total + world - 1) / world);
-    b.values = b.region * world;
-    std::vector<int64_t> at(size_t(world), 0);
-    for (const auto& [i, r] : whole_owner) {
-      const int64_t n = slots_[i].param.numel();
-      slots_[i].segments.push_back({0, n, b.region * r + at[size_t(r)], r});
-      at[size_t(r)] += n;
-    }
-    int r = 0;
-    for (size_t i : b.slots) {
-      if (slots_[i].whole)
-        continue;
-      const int64_t n = slots_[i].param.numel();
-      for (int64_t begin = 0; begin < n;) {
-        while (at[size_t(r)] == b.region)
-          ++r;
-        const int64_t take = std::min(n - begin, b.region - at[size_t(r)]);
-        slots_[i].segments.push_back(
-            {begin, take, b.region * r + at[size_t(r)], r});
-        at[size_t(r)] += take;
-        begin += take;
-      }
-    }
-  }
-
-  torch::Tensor region(const Bucket& b, int r) const {
-    return b.flat.narrow(0, b.region * r, b.region);
-  }
-  torch::Tensor in_bucket(const Slot& s, const Segment& g) {
-    return buckets_[s.bucket].flat.narrow(0, g.offset, g.length);
-  }
-  torch::Tensor piece_in_bucket(size_t k) {
-    const auto [bucket, offset] = piece_at_[k];
-    return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
-  }
-
-  // Autograd's hook (its thread on CUDA): the step's gradient g of
-  // parameter i, before it is added to .grad. The bucket gets the sum now
-  // (queued on the stream the collective waits for).
-  void on_gradient(size_t i, const torch::Tensor& g) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Slot& s = slots_[i];
-    if (!armed_ || s.ready)
-      return;
-    torch::NoGradGuard no_grad;
-    const torch::Tensor& acc = s.param.grad();
-    const torch::Tensor flat_g = g.reshape({-1});
-    for (const Segment& seg : s.segments) {
-      torch::Tensor dst = in_bucket(s, seg);
-      const torch::Tensor part = flat_g.narrow(0, seg.begin, seg.length);
-      if (acc.defined())
-        torch::add_out(
-            dst, acc.reshape({-1}).narrow(0, seg.begin, seg.length), part);
-      else
-        dst.copy_(part);
-    }
-    ++hooked_;
-    ready(i);
-    launch_ready(/*in_backward=*/true);
-  }
-
-  void ready(size_t i) {
-    slots_[i].ready = true;
-    ++buckets_[slots_[i].bucket].ready;
-  }
-
-  // Sends the full buckets, in bucket order (every rank must issue the
-  // same collectives in the same order).
-  void launch_ready(bool in_backward) {
-    while (next_ < buckets_.size() &&
-           buckets_[next_].ready == buckets_[next_].slots.size()) {
-      sent_in_backward_ += in_backward ? 1 : 0;
-      Bucket& b = buckets_[next_];
-      collective("averaging gradients", [&] {
-        if (sharded_ && b.flat.is_cuda()) { // NCCL: in place
-          torch::Tensor mine = region(b, rank());
-          b.work = world().group->_reduce_scatter_base(mine, b.flat);
-          return;
-        }
-        // Gloo's reduce-scatter (1.13 has none): the whole sum, of which
-        // this rank reads its region.
-        std::vector<torch::Tensor> v = {b.flat};
-        b.work = world().group->allreduce(v);
-      });
-      ++next_;
-    }
-  }
-
-  bool sharded_;
-  std::vector<Slot> slots_;
-  std::vector<Bucket> buckets_;
-  std::vector<ShardPiece> pieces_;
-  // Each piece's bucket and offset in it.
-  std::vector<std::pair<size_t, int64_t>> piece_at_;
-  std::vector<unsigned> hooks_;
-  std::mutex mu_;
-  bool armed_ = false;
-  size_t next_ = 0;
-  size_t sent_in_backward_ = 0, hooked_ = 0;
-};
-
-} // namespace
-#endif
-
-std::unique_ptr<GradientAverager> GradientAverager::make(
-    const std::vector<torch::Tensor>& params) {
-#if defined(ORCHARD_HAVE_C10D)
-  if (active()) {
-    std::vector<Shardable> all;
-    for (const auto& p : params)
-      all.push_back({"", p, false});
-    return std::make_unique<OverlappedAverager>(all, /*sharded=*/false);
-  }
-#endif
-  (void)params;
-  return nullptr;
-}
-
-std::unique_ptr<GradientAverager> GradientAverager::make_sharded(
-    const std::vector<Shardable>& params) {
-#if defined(ORCHARD_HAVE_C10D)
-  if (active())
-    return std::make_unique<OverlappedAverager>(params, /*sharded=*/true);
-#endif
-  (void)params;
-  return nullptr;
 }
 
 void all_reduce_sum(const torch::Tensor& tensor) {

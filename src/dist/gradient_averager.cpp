@@ -1,0 +1,423 @@
+// dist::GradientAverager (world.h): the gradients of a step averaged over
+// the ranks in buckets while the backward runs, as DDP's reducer does, or
+// reduce-scattered into each rank's share for ZeRO-1 (make_sharded).
+//
+// Built without the precompiled header (CMakeLists.txt), so that
+// torch_compat.h's c10d section is seen.
+#define ORCHARD_C10D_COMPAT
+#include "core/torch_compat.h"
+
+#include "dist/world.h"
+
+#include "dist/c10d_group.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+namespace orchard::dist {
+
+#if defined(ORCHARD_HAVE_C10D)
+namespace {
+
+// Buckets of about 25 MB (DDP's default), parameters in the reverse of
+// their order: the backward produces the last layers' gradients first.
+// Sharded, each rank's region of a bucket is up to 25 MB (a bucket of
+// world x 25 MB), so that a region can hold a large matrix whole and the
+// regions stay balanced.
+constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
+
+class OverlappedAverager final : public GradientAverager {
+ public:
+  OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
+      : sharded_(sharded) {
+    const int64_t cap = kOverlapBucketBytes * (sharded ? size() : 1);
+    std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
+    for (auto it = params.rbegin(); it != params.rend(); ++it) {
+      const torch::Tensor& p = it->param;
+      if (!p.requires_grad())
+        continue;
+      auto kind = std::pair{int(p.scalar_type()), p.device().str()};
+      auto o = open.find(kind);
+      if (o == open.end() ||
+          (buckets_[o->second].values + p.numel()) * int64_t(p.element_size()) >
+              cap) {
+        buckets_.push_back({});
+        buckets_.back().options = p.options().requires_grad(false);
+        o = open.insert_or_assign(kind, buckets_.size() - 1).first;
+      }
+      Bucket& b = buckets_[o->second];
+      slots_.push_back({it->name, p, it->whole, o->second, {}, false});
+      b.values += p.numel();
+      b.slots.push_back(slots_.size() - 1);
+    }
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      Bucket& b = buckets_[bi];
+      if (sharded_) {
+        lay_out_regions(b);
+      } else {
+        int64_t at = 0;
+        for (size_t i : b.slots) {
+          slots_[i].segments.push_back({0, slots_[i].param.numel(), at, -1});
+          at += slots_[i].param.numel();
+        }
+      }
+      // Zeros: a region's padding is never written and sums to zero.
+      b.flat = torch::zeros({b.values}, b.options);
+    }
+    if (sharded_) {
+      torch::NoGradGuard no_grad;
+      for (const Slot& s : slots_)
+        for (const Segment& g : s.segments)
+          if (g.owner == rank()) {
+            const bool whole = g.length == s.param.numel() && s.whole;
+            pieces_.push_back(
+                {s.name,
+                 s.param,
+                 g.begin,
+                 g.length,
+                 whole,
+                 whole ? s.param
+                       : s.param.detach().view({-1}).narrow(
+                             0, g.begin, g.length)});
+            piece_at_.push_back({s.bucket, g.offset});
+          }
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      torch::Tensor p = slots_[i].param;
+      hooks_.push_back(
+          p.register_hook([this, i](torch::Tensor g) { on_gradient(i, g); }));
+    }
+  }
+
+  ~OverlappedAverager() override {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      slots_[i].param.remove_hook(hooks_[i]);
+  }
+
+  void arm() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+    next_ = 0;
+    sent_in_backward_ = 0;
+    hooked_ = 0;
+    for (auto& s : slots_)
+      s.ready = false;
+    for (auto& b : buckets_) {
+      b.ready = 0;
+      b.work.reset();
+    }
+  }
+
+  void disarm() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = false;
+    for (auto& b : buckets_)
+      try { // called while an error unwinds: never throws
+        if (b.work)
+          b.work->wait();
+      } catch (const std::exception&) {
+      }
+  }
+
+  void finish() override {
+    torch::NoGradGuard no_grad;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Parameters the backward did not reach: what earlier micro-steps
+      // left in .grad, or zeros.
+      for (size_t i = 0; i < slots_.size(); ++i)
+        if (!slots_[i].ready) {
+          const Slot& s = slots_[i];
+          const torch::Tensor& acc = s.param.grad();
+          for (const Segment& g : s.segments)
+            if (acc.defined())
+              in_bucket(s, g).copy_(
+                  acc.reshape({-1}).narrow(0, g.begin, g.length));
+            else
+              in_bucket(s, g).zero_();
+          ready(i);
+        }
+      launch_ready(/*in_backward=*/false);
+      armed_ = false;
+    }
+    const double n = double(size());
+    for (auto& b : buckets_) {
+      detail::collective("averaging gradients", [&] { b.work->wait(); });
+      (sharded_ ? region(b, rank()) : b.flat).div_(n);
+    }
+    if (!sharded_) {
+      // .grad becomes a view of the mean (no copy back); the gradient
+      // autograd accumulated on its own is dropped.
+      for (auto& s : slots_)
+        s.param.mutable_grad() =
+            in_bucket(s, s.segments[0]).view(s.param.sizes());
+      return;
+    }
+    // Sharded: the mean exists only for this rank's pieces.
+    for (auto& s : slots_)
+      s.param.mutable_grad() = torch::Tensor();
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      ShardPiece& p = pieces_[k];
+      p.value.mutable_grad() = piece_in_bucket(k).view(p.value.sizes());
+    }
+  }
+
+  const std::vector<ShardPiece>& pieces() const override {
+    return pieces_;
+  }
+
+  void gather_parameters() override {
+    if (!sharded_)
+      return;
+    torch::NoGradGuard no_grad;
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      ShardPiece& p = pieces_[k];
+      p.value.mutable_grad() = torch::Tensor(); // the bucket is reused now
+      piece_in_bucket(k).copy_(p.value.reshape({-1}));
+    }
+    for (auto& b : buckets_) {
+      torch::Tensor mine = region(b, rank());
+      detail::collective("gathering the updated parameters", [&] {
+        if (b.flat.is_cuda()) { // NCCL: in place, this rank's region
+          b.work = detail::group()._allgather_base(b.flat, mine);
+          return;
+        }
+        // Gloo (1.13's has no all-gather into one tensor): a sum of
+        // zeros but for each rank's own region.
+        const int64_t r = b.region, at = r * rank();
+        b.flat.narrow(0, 0, at).zero_();
+        b.flat.narrow(0, at + r, b.values - at - r).zero_();
+        std::vector<torch::Tensor> v = {b.flat};
+        b.work = detail::group().allreduce(v);
+      });
+    }
+    for (auto& b : buckets_) {
+      detail::collective(
+          "gathering the updated parameters", [&] { b.work->wait(); });
+      b.work.reset();
+      for (size_t i : b.slots)
+        for (const Segment& g : slots_[i].segments)
+          if (g.owner != rank())
+            slots_[i]
+                .param.detach()
+                .view({-1})
+                .narrow(0, g.begin, g.length)
+                .copy_(in_bucket(slots_[i], g));
+    }
+  }
+
+  std::string describe() const override {
+    int64_t padding = 0, values = 0;
+    for (const auto& b : buckets_) {
+      int64_t used = 0;
+      for (size_t i : b.slots)
+        used += slots_[i].param.numel();
+      padding += b.values - used;
+      values += b.values;
+    }
+    const std::string mb = std::to_string(kOverlapBucketBytes >> 20) + " MB";
+    std::string out = std::to_string(buckets_.size()) + " bucket(s) of up to " +
+        (sharded_ ? mb + " a rank, reduce-scattered" : mb) + ", " +
+        std::to_string(sent_in_backward_) +
+        " of them sent while the backward ran; " + std::to_string(hooked_) +
+        " of " + std::to_string(slots_.size()) +
+        " gradients handed over by its hooks";
+    if (sharded_) {
+      int whole = 0;
+      for (const auto& p : pieces_)
+        whole += p.whole ? 1 : 0;
+      out += "; this rank steps " + std::to_string(pieces_.size()) +
+          " piece(s) (" + std::to_string(whole) + " whole), " +
+          format_share(double(padding) / double(std::max<int64_t>(1, values))) +
+          " of the buckets is padding";
+    }
+    return out;
+  }
+
+ private:
+  // Part of a parameter's flattened elements at `offset` in its bucket,
+  // stepped by rank `owner` (-1: not sharded).
+  struct Segment {
+    int64_t begin, length, offset;
+    int owner;
+  };
+  struct Slot {
+    std::string name;
+    torch::Tensor param;
+    bool whole;
+    size_t bucket;
+    std::vector<Segment> segments;
+    bool ready;
+  };
+  struct Bucket {
+    torch::TensorOptions options;
+    int64_t values = 0; // sharded: world x region
+    int64_t region = 0; // sharded: each rank's values
+    std::vector<size_t> slots;
+    size_t ready = 0;
+    torch::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  static std::string format_share(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f %%", 100.0 * x);
+    return buf;
+  }
+
+  // Cuts bucket b into one region per rank, all of one length: whole
+  // parameters first, largest first, each to the least filled region; the
+  // others poured in order into what is left, split where a region fills.
+  void lay_out_regions(Bucket& b) {
+    const int world = size();
+    std::vector<int64_t> filled(size_t(world), 0);
+    std::vector<size_t> whole;
+    int64_t total = 0;
+    for (size_t i : b.slots) {
+      total += slots_[i].param.numel();
+      if (slots_[i].whole)
+        whole.push_back(i);
+    }
+    std::stable_sort(whole.begin(), whole.end(), [&](size_t x, size_t y) {
+      return slots_[x].param.numel() > slots_[y].param.numel();
+    });
+    std::vector<std::pair<size_t, int>> whole_owner;
+    for (size_t i : whole) {
+      const int r =
+          int(std::min_element(filled.begin(), filled.end()) - filled.begin());
+      whole_owner.push_back({i, r});
+      filled[size_t(r)] += slots_[i].param.numel();
+    }
+    b.region = std::max(
+        *std::max_element(filled.begin(), filled.end()),
+        (total + world - 1) / world);
+    b.values = b.region * world;
+    std::vector<int64_t> at(size_t(world), 0);
+    for (const auto& [i, r] : whole_owner) {
+      const int64_t n = slots_[i].param.numel();
+      slots_[i].segments.push_back({0, n, b.region * r + at[size_t(r)], r});
+      at[size_t(r)] += n;
+    }
+    int r = 0;
+    for (size_t i : b.slots) {
+      if (slots_[i].whole)
+        continue;
+      const int64_t n = slots_[i].param.numel();
+      for (int64_t begin = 0; begin < n;) {
+        while (at[size_t(r)] == b.region)
+          ++r;
+        const int64_t take = std::min(n - begin, b.region - at[size_t(r)]);
+        slots_[i].segments.push_back(
+            {begin, take, b.region * r + at[size_t(r)], r});
+        at[size_t(r)] += take;
+        begin += take;
+      }
+    }
+  }
+
+  torch::Tensor region(const Bucket& b, int r) const {
+    return b.flat.narrow(0, b.region * r, b.region);
+  }
+  torch::Tensor in_bucket(const Slot& s, const Segment& g) {
+    return buckets_[s.bucket].flat.narrow(0, g.offset, g.length);
+  }
+  torch::Tensor piece_in_bucket(size_t k) {
+    const auto [bucket, offset] = piece_at_[k];
+    return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
+  }
+
+  // Autograd's hook (its thread on CUDA): the step's gradient g of
+  // parameter i, before it is added to .grad. The bucket gets the sum now
+  // (queued on the stream the collective waits for).
+  void on_gradient(size_t i, const torch::Tensor& g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = slots_[i];
+    if (!armed_ || s.ready)
+      return;
+    torch::NoGradGuard no_grad;
+    const torch::Tensor& acc = s.param.grad();
+    const torch::Tensor flat_g = g.reshape({-1});
+    for (const Segment& seg : s.segments) {
+      torch::Tensor dst = in_bucket(s, seg);
+      const torch::Tensor part = flat_g.narrow(0, seg.begin, seg.length);
+      if (acc.defined())
+        torch::add_out(
+            dst, acc.reshape({-1}).narrow(0, seg.begin, seg.length), part);
+      else
+        dst.copy_(part);
+    }
+    ++hooked_;
+    ready(i);
+    launch_ready(/*in_backward=*/true);
+  }
+
+  void ready(size_t i) {
+    slots_[i].ready = true;
+    ++buckets_[slots_[i].bucket].ready;
+  }
+
+  // Sends the full buckets, in bucket order (every rank must issue the
+  // same collectives in the same order).
+  void launch_ready(bool in_backward) {
+    while (next_ < buckets_.size() &&
+           buckets_[next_].ready == buckets_[next_].slots.size()) {
+      sent_in_backward_ += in_backward ? 1 : 0;
+      Bucket& b = buckets_[next_];
+      detail::collective("averaging gradients", [&] {
+        if (sharded_ && b.flat.is_cuda()) { // NCCL: in place
+          torch::Tensor mine = region(b, rank());
+          b.work = detail::group()._reduce_scatter_base(mine, b.flat);
+          return;
+        }
+        // Gloo's reduce-scatter (1.13 has none): the whole sum, of which
+        // this rank reads its region.
+        std::vector<torch::Tensor> v = {b.flat};
+        b.work = detail::group().allreduce(v);
+      });
+      ++next_;
+    }
+  }
+
+  bool sharded_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<ShardPiece> pieces_;
+  // Each piece's bucket and offset in it.
+  std::vector<std::pair<size_t, int64_t>> piece_at_;
+  std::vector<unsigned> hooks_;
+  std::mutex mu_;
+  bool armed_ = false;
+  size_t next_ = 0;
+  size_t sent_in_backward_ = 0, hooked_ = 0;
+};
+
+} // namespace
+#endif
+
+std::unique_ptr<GradientAverager> GradientAverager::make(
+    const std::vector<torch::Tensor>& params) {
+#if defined(ORCHARD_HAVE_C10D)
+  if (active()) {
+    std::vector<Shardable> all;
+    for (const auto& p : params)
+      all.push_back({"", p, false});
+    return std::make_unique<OverlappedAverager>(all, /*sharded=*/false);
+  }
+#endif
+  (void)params;
+  return nullptr;
+}
+
+std::unique_ptr<GradientAverager> GradientAverager::make_sharded(
+    const std::vector<Shardable>& params) {
+#if defined(ORCHARD_HAVE_C10D)
+  if (active())
+    return std::make_unique<OverlappedAverager>(params, /*sharded=*/true);
+#endif
+  (void)params;
+  return nullptr;
+}
+
+} // namespace orchard::dist
