@@ -19,8 +19,8 @@
 #   2b. The two-process run again with zero_stage=1: tokens/s and each
 #      rank's peak memory beside the unsharded run's. OPTIM=muon trains
 #      parts 2 and 2b with Muon (the default of base) instead of AdamW.
-# PARTS picks what runs (default "same trm zero zbench bench grpo"; "zero"
-# is 1c, "zbench" 2b, "grpo" 3). NCCL_MAX_NCHANNELS etc. pass through.
+# PARTS picks what runs (default "same trm zero zbench bench grpo", grpo
+# on CUDA only; "zero" is 1c, "zbench" 2b, "grpo" 3). NCCL_MAX_NCHANNELS etc. pass through.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
 # machine. Logs come back as $OUT/logs.tgz, the figures as
 # $OUT/dist_bench.jsonl.
@@ -65,7 +65,10 @@ print(f"{v[len(v) // 2]:.0f}" if v else "nan")
 PY
 }
 
-PARTS=" ${PARTS:-same trm zero zbench bench grpo} "
+# (GRPO's part makes its model with transformers: CUDA machine only.)
+DEFAULT_PARTS="same trm zero zbench bench"
+[ "$DEV" = cuda ] && DEFAULT_PARTS="$DEFAULT_PARTS grpo"
+PARTS=" ${PARTS:-$DEFAULT_PARTS} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
 # 1. Same weights, one process against two.
