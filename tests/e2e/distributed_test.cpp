@@ -529,55 +529,46 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
   }
   EXPECT_GT(compared, 6);
 
-  // A run saved by one process resumes on two (the data position
-  // converted) and ends where one process would have: unsharded ...
-  auto resumed = test::run_orchard(
-      c.launch(
-          free_port(),
-          c.train(
-              "resumed",
-              6,
-              {"resume=" + c.dir.file("one/checkpoints/step_000003")})),
-      c.env);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
-  EXPECT_NE(
-      resumed.out.find("Resuming with 2 process(es) where the checkpoint's "
-                       "run had 1"),
-      std::string::npos)
-      << resumed.out;
-  EXPECT_LT(
-      max_difference(c.weights("one", 6), c.weights("resumed", 6)), 2e-4);
-  // ... sharded (the state re-split) ...
-  auto split = test::run_orchard(
-      c.launch(
-          free_port(),
-          c.train(
-              "split",
-              6,
-              {"zero_stage=1",
-               "resume=" + c.dir.file("one/checkpoints/step_000003")})),
-      c.env);
-  ASSERT_EQ(split.exit_code, 0) << split.out << split.err;
-  EXPECT_NE(
-      split.out.find("The checkpoint was written by 1 process(es); this run "
-                     "has 2, each taking its share of the checkpoint's "
-                     "optimizer state (zero_stage=1)"),
-      std::string::npos)
-      << split.out;
-  EXPECT_LT(max_difference(c.weights("one", 6), c.weights("split", 6)), 2e-4);
-  // ... and one process from the sharded run's (the state put together).
-  auto joined = test::run_orchard(
-      c.train(
-          "joined", 6, {"resume=" + c.dir.file("two/checkpoints/step_000003")}),
-      c.env);
-  ASSERT_EQ(joined.exit_code, 0) << joined.out << joined.err;
-  EXPECT_NE(
-      joined.out.find("The checkpoint was written by 2 process(es), each "
-                      "keeping its share of the optimizer state; this run "
-                      "has 1, with all of the optimizer state"),
-      std::string::npos)
-      << joined.out;
-  EXPECT_LT(max_difference(c.weights("one", 6), c.weights("joined", 6)), 2e-4);
+  // A run resumed from another's step 3 on `processes` ends at one
+  // process's step 6 and says what it converted.
+  auto resume = [&](const std::string& run,
+                    const std::string& from,
+                    int processes,
+                    std::vector<std::string> extra,
+                    const std::string& said) {
+    extra.push_back("resume=" + c.dir.file(from + "/checkpoints/step_000003"));
+    auto args = c.train(run, 6, extra);
+    auto r = test::run_orchard(
+        processes == 1 ? args : c.launch(free_port(), args), c.env);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(said), std::string::npos) << r.out;
+    EXPECT_LT(max_difference(c.weights("one", 6), c.weights(run, 6)), 2e-4);
+  };
+  // One process's checkpoint on two (the data position converted),
+  // unsharded ...
+  resume(
+      "resumed",
+      "one",
+      2,
+      {},
+      "Resuming with 2 process(es) where the checkpoint's run had 1");
+  // ... and sharded (the state re-split) ...
+  resume(
+      "split",
+      "one",
+      2,
+      {"zero_stage=1"},
+      "The checkpoint was written by 1 process(es); this run has 2, each "
+      "taking its share of the checkpoint's optimizer state (zero_stage=1)");
+  // ... and the sharded run's on one process (the state put together).
+  resume(
+      "joined",
+      "two",
+      1,
+      {},
+      "The checkpoint was written by 2 process(es), each keeping its share "
+      "of the optimizer state; this run has 1, with all of the optimizer "
+      "state");
   // A control: the last 3 steps moved the weights by far more than the
   // tolerance above.
   EXPECT_GT(max_difference(c.weights("one", 3), c.weights("joined", 6)), 1e-3);
