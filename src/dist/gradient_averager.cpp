@@ -23,16 +23,27 @@ namespace {
 
 // Buckets of about 25 MB (DDP's default), parameters in the reverse of
 // their order: the backward produces the last layers' gradients first.
-// Sharded, each rank's region of a bucket is up to 25 MB (a bucket of
-// world x 25 MB), so that a region can hold a large matrix whole and the
-// regions stay balanced.
+// Sharded, each rank's region of a bucket is up to 25 MB, or twice the
+// largest whole parameter where that is more (a bucket of world x that),
+// so that a bucket holds several whole parameters to balance between the
+// regions: a whole parameter alone in its bucket would leave the other
+// regions as padding, sent for nothing (a d20's 26 MB MLP matrices with
+// Muon, an 8-bit embedding).
 constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
 
 class OverlappedAverager final : public GradientAverager {
  public:
   OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
       : sharded_(sharded) {
-    const int64_t cap = kOverlapBucketBytes * (sharded ? size() : 1);
+    region_cap_ = kOverlapBucketBytes;
+    if (sharded)
+      for (const auto& s : params)
+        if (s.whole && s.param.requires_grad())
+          region_cap_ = std::max(
+              region_cap_,
+              2 * s.param.numel() * int64_t(s.param.element_size()));
+    const int64_t cap = region_cap_ * (sharded ? size() : 1);
+    owned_.assign(size_t(size()), 0);
     std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
       const torch::Tensor& p = it->param;
@@ -217,7 +228,7 @@ class OverlappedAverager final : public GradientAverager {
       padding += b.values - used;
       values += b.values;
     }
-    const std::string mb = std::to_string(kOverlapBucketBytes >> 20) + " MB";
+    const std::string mb = std::to_string(region_cap_ >> 20) + " MB";
     std::string out = std::to_string(buckets_.size()) + " bucket(s) of up to " +
         (sharded_ ? mb + " a rank, reduce-scattered" : mb) + ", " +
         std::to_string(sent_in_backward_) +
@@ -268,8 +279,10 @@ class OverlappedAverager final : public GradientAverager {
   }
 
   // Cuts bucket b into one region per rank, all of one length: whole
-  // parameters first, largest first, each to the least filled region; the
-  // others poured in order into what is left, split where a region fills.
+  // parameters first, largest first, each to the least filled region (of
+  // equal ones, the rank that owns least so far, so that ties do not all
+  // go to rank 0); the others poured in order into what is left, split
+  // where a region fills.
   void lay_out_regions(Bucket& b) {
     const int world = size();
     std::vector<int64_t> filled(size_t(world), 0);
@@ -285,8 +298,11 @@ class OverlappedAverager final : public GradientAverager {
     });
     std::vector<std::pair<size_t, int>> whole_owner;
     for (size_t i : whole) {
-      const int r =
-          int(std::min_element(filled.begin(), filled.end()) - filled.begin());
+      int r = 0;
+      for (int k = 1; k < world; ++k)
+        if (std::pair(filled[size_t(k)], owned_[size_t(k)]) <
+            std::pair(filled[size_t(r)], owned_[size_t(r)]))
+          r = k;
       whole_owner.push_back({i, r});
       filled[size_t(r)] += slots_[i].param.numel();
     }
@@ -315,6 +331,8 @@ class OverlappedAverager final : public GradientAverager {
         begin += take;
       }
     }
+    for (int k = 0; k < world; ++k)
+      owned_[size_t(k)] += at[size_t(k)];
   }
 
   torch::Tensor region(const Bucket& b, int r) const {
@@ -381,6 +399,8 @@ class OverlappedAverager final : public GradientAverager {
   }
 
   bool sharded_;
+  int64_t region_cap_ = 0;     // bytes of a rank's region (sharded)
+  std::vector<int64_t> owned_; // values each rank steps, so far
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<ShardPiece> pieces_;
