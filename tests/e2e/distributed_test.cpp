@@ -503,6 +503,13 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
   EXPECT_GT(mine, all / 4) << two.out;
   EXPECT_LT(mine, 3 * all / 4) << two.out;
   EXPECT_NE(two.out.find("reduce-scattered"), std::string::npos) << two.out;
+  // The regions are balanced: next to no padding is sent.
+  const size_t padding = two.out.find(" % of the buckets is padding");
+  ASSERT_NE(padding, std::string::npos) << two.out;
+  const size_t number = two.out.rfind(", ", padding);
+  ASSERT_NE(number, std::string::npos) << two.out;
+  EXPECT_LT(std::stod(two.out.substr(number + 2, padding - number - 2)), 1.0)
+      << two.out;
 
   EXPECT_LT(max_difference(c.weights("one", 6), c.weights("two", 6)), 2e-4);
   // The gathered state is the unsharded one: every tensor, its shape, its
