@@ -181,6 +181,10 @@ int64_t Trainer::resume() {
     return *start_;
   start_ = 0;
   make_averager(); // a sharded run loads only its own optimizer state
+  if (!dist::active() && opt_.zero_stage >= 1)
+    log_(
+        "zero_stage=1 shards the optimizer state over several processes; "
+        "with one process it changes nothing (all of the state is here).");
   std::optional<runs::Checkpoint> ckpt;
   if (opt_.resume == "auto") {
     // Rank 0 sets damaged checkpoints aside before the others look.

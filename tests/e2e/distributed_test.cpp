@@ -567,15 +567,20 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
       {"zero_stage=1"},
       "The checkpoint was written by 1 process(es); this run has 2, each "
       "taking its share of the checkpoint's optimizer state (zero_stage=1)");
-  // ... and the sharded run's on one process (the state put together).
+  // ... and the sharded run's on one process (the state put together;
+  // zero_stage=1 there is said to change nothing).
   resume(
       "joined",
       "two",
       1,
-      {},
+      {"zero_stage=1"},
       "The checkpoint was written by 2 process(es), each keeping its share "
       "of the optimizer state; this run has 1, with all of the optimizer "
       "state");
+  EXPECT_NE(
+      test::read_text(c.dir.file("joined/train.log"))
+          .find("with one process it changes nothing"),
+      std::string::npos);
   // A control: the last 3 steps moved the weights by far more than the
   // tolerance above.
   EXPECT_GT(max_difference(c.weights("one", 3), c.weights("joined", 6)), 1e-3);
