@@ -11,6 +11,10 @@
 //     temperature 1, with log-probabilities;
 //   with ORCHARD_BENCH_NF4 set (CUDA), batch 1 again with the layers'
 //     projections in NF4 (the fraction is of the bf16 bound).
+//   with ORCHARD_BENCH_PRODUCTS set (CUDA), each kind of the layers'
+//     one-row products alone, as GB/s of weights streamed.
+// ORCHARD_BENCH_STEP_ONLY stops after batch 1 with graphs, the step alone
+// and the products.
 // ORCHARD_PDL=0 launches the kernels plainly (for a before/after).
 #include "core/machine.h"
 #include "core/torch_compat.h"
@@ -18,6 +22,14 @@
 #include "infer/engine.h"
 #include "models/hf/model.h"
 #include "ops/kernel_call.h"
+#include "ops/linear.h"
+
+#if defined(ORCHARD_WITH_CUDA) && TORCH_VERSION_MAJOR >= 2
+#define ORCHARD_BENCH_GRAPHS 1
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -109,8 +121,10 @@ int main(int argc, char** argv) {
         prefill,
         first.size());
   };
+  const bool step_only = std::getenv("ORCHARD_BENCH_STEP_ONLY") != nullptr;
   for (bool graphs : {true, false})
-    batch1(model, graphs, "");
+    if (graphs || !step_only)
+      batch1(model, graphs, "");
   {
     // The decoding step alone (no sampling, no host work between steps):
     // what the engine's per-token overhead is measured against.
@@ -144,6 +158,67 @@ int main(int argc, char** argv) {
         1.0 / per,
         100.0 * bytes / (bw * 1e9) / per);
   }
+#if ORCHARD_BENCH_GRAPHS
+  if (std::getenv("ORCHARD_BENCH_PRODUCTS") != nullptr) {
+    // The one-row products alone, each kind over every layer's matrix in
+    // turn (so no matrix is read from L2), 20 passes captured in a CUDA
+    // graph: the weight bytes streamed per second.
+    torch::NoGradGuard no_grad;
+    auto& layers = model->model->layers;
+    auto kinds = std::vector<std::pair<const char*, std::vector<torch::Tensor>>>{
+        {"qkv", {}}, {"o", {}}, {"gate_up", {}}, {"down", {}}};
+    for (size_t l = 0; l < layers->size(); ++l) {
+      auto* layer = layers[l]->as<orchard::models::LlamaLayerImpl>();
+      kinds[0].second.push_back(layer->self_attn->qkv_weight);
+      kinds[1].second.push_back(layer->self_attn->o_proj->weight);
+      kinds[2].second.push_back(layer->mlp->gate_up_weight);
+      kinds[3].second.push_back(layer->mlp->down_proj->weight);
+    }
+    double all_bytes = 0, all_s = 0;
+    for (auto& [name, ws] : kinds) {
+      if (!ws[0].defined())
+        continue;
+      auto x = torch::randn({1, ws[0].size(1)}, ws[0].options());
+      auto stream = c10::cuda::getStreamFromPool(false, dev.index());
+      at::cuda::CUDAGraph graph;
+      {
+        c10::cuda::CUDAStreamGuard guard(stream);
+        for (auto& w : ws) // warm-up outside the capture
+          orchard::ops::linear(x, w);
+        stream.synchronize();
+        graph.capture_begin();
+        for (int pass = 0; pass < 20; ++pass)
+          for (auto& w : ws)
+            orchard::ops::linear(x, w);
+        graph.capture_end();
+      }
+      graph.replay();
+      orchard::compat::synchronize(dev);
+      double best = 1e9;
+      for (int r = 0; r < 5; ++r) {
+        const double t0 = now_s();
+        graph.replay();
+        orchard::compat::synchronize(dev);
+        best = std::min(best, now_s() - t0);
+      }
+      double b = 0;
+      for (auto& w : ws)
+        b += double(w.numel()) * double(w.element_size()) * 20;
+      all_bytes += b;
+      all_s += best;
+      std::printf(
+          "products %-7s %lld x %lld: %.2f us each, %.0f GB/s\n",
+          name,
+          (long long)ws[0].size(0),
+          (long long)ws[0].size(1),
+          best / double(20 * ws.size()) * 1e6,
+          b / best / 1e9);
+    }
+    std::printf("products, the layers' all: %.0f GB/s\n", all_bytes / all_s / 1e9);
+  }
+#endif
+  if (step_only)
+    return 0;
   Engine e(model.ptr(), dev, true);
   for (int64_t B : {8, 32}) {
     std::vector<std::vector<int64_t>> prompts;

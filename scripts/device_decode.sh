@@ -9,8 +9,11 @@
 #   static cache + torch.compile when PEER_STATIC=1), and `orchard generate`
 #   from the command line on the 3B shape (llama3 tokenizer fixture copied
 #   in).
-# KERNELS=OFF leaves out the CUDA kernels of src/ops/cuda (on by default);
+# SKIP_BUILD=1 reuses build-cuda (a warm machine); KERNELS=OFF leaves out
+# the CUDA kernels of src/ops/cuda (on by default);
 # TESTS is the unit tests' gtest filter; NO_PEER=1 skips transformers;
+# ORCHARD_BENCH_PRODUCTS=1 and ORCHARD_BENCH_NF4=1 pass through to the
+# bench (each kind of one-row product alone, in GB/s; the NF4 base).
 # PDL_AB=1 runs the 3B bench again with ORCHARD_PDL=0 (kernels launched
 # plainly, no programmatic dependent launch).
 set -uo pipefail
@@ -19,7 +22,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
 source scripts/device_debs.sh
-DEVICE_CMAKE_ARGS=-DORCHARD_CUDA=${KERNELS:-ON} device_build orchard orchard_unit_tests orchard_golden_tests orchard_bench_decode
+[ "${SKIP_BUILD:-0}" = 1 ] || DEVICE_CMAKE_ARGS=-DORCHARD_CUDA=${KERNELS:-ON} device_build orchard orchard_unit_tests orchard_golden_tests orchard_bench_decode
 M=/tmp/llama-3.2-3b-shape Q=/tmp/qwen-0.5b-shape
 ( [ -f $M/config.json ] || python3 bench/peers/lora_step.py --make $M 2>&1 | grep -v Warn | tail -1
   [ -f $Q/config.json ] || python3 bench/peers/lora_step.py --make-qwen $Q 2>&1 | grep -v Warn | tail -1

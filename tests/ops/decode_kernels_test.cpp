@@ -317,14 +317,17 @@ TEST(DecodeOps, MatvecKernelIsTheMatrixProduct) {
   }
   REQUIRE_KERNELS(cuda);
   torch::manual_seed(17);
-  // Llama 3.2 3B's qkv and down, Qwen2.5 0.5B's qkv (with its bias), a
-  // width that is not a multiple of the warp's stride.
+  // Llama 3.2 3B's qkv and down (two and four warps a row), Qwen2.5
+  // 0.5B's qkv (with its bias), a width that is not a multiple of the
+  // warp's stride, and a few long rows split in 4 (bf16) or 8 (float32)
+  // warps whose last block has rows past the end.
   for (auto [out, in, with_bias] :
        std::vector<std::tuple<int64_t, int64_t, bool>>{
            {5120, 3072, false},
            {3072, 8192, false},
            {1152, 896, true},
-           {37, 40, true}})
+           {37, 40, true},
+           {37, 4096, true}})
     for (auto dtype : kDtypes)
       for (int64_t N : {1, 3, 8, 9}) {
         const auto opt = torch::TensorOptions().device(cuda).dtype(dtype);
