@@ -156,7 +156,8 @@ class OverlappedAverager final : public GradientAverager {
     const double n = double(size());
     for (auto& b : buckets_) {
       detail::collective("averaging gradients", [&] { b.work->wait(); });
-      (sharded_ ? region(b, rank()) : b.flat).div_(n);
+      if (!b.flat.is_cuda()) // Gloo sent the sum
+        (sharded_ ? region(b, rank()) : b.flat).div_(n);
     }
     if (!sharded_) {
       // .grad becomes a view of the mean (no copy back); the gradient
@@ -384,13 +385,24 @@ class OverlappedAverager final : public GradientAverager {
       sent_in_backward_ += in_backward ? 1 : 0;
       Bucket& b = buckets_[next_];
       detail::collective("averaging gradients", [&] {
-        if (sharded_ && b.flat.is_cuda()) { // NCCL: in place
-          torch::Tensor mine = region(b, rank());
-          b.work = detail::group()._reduce_scatter_base(mine, b.flat);
+        if (b.flat.is_cuda()) {
+          // NCCL averages as it sums (ReduceOp::AVG): no division pass
+          // over the gradients after the backward.
+          if (sharded_) { // in place
+            c10d::ReduceScatterOptions mean;
+            mean.reduceOp = c10d::ReduceOp::AVG;
+            torch::Tensor mine = region(b, rank());
+            b.work = detail::group()._reduce_scatter_base(mine, b.flat, mean);
+          } else {
+            c10d::AllreduceOptions mean;
+            mean.reduceOp = c10d::ReduceOp::AVG;
+            std::vector<torch::Tensor> v = {b.flat};
+            b.work = detail::group().allreduce(v, mean);
+          }
           return;
         }
-        // Gloo's reduce-scatter (1.13 has none): the whole sum, of which
-        // this rank reads its region.
+        // Gloo (no average; 1.13's has no reduce-scatter): the whole sum,
+        // of which a sharded rank reads its region, divided in finish().
         std::vector<torch::Tensor> v = {b.flat};
         b.work = detail::group().allreduce(v);
       });
