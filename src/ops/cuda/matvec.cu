@@ -72,10 +72,13 @@ __global__ void matvec_kernel(
     int parts) {
   __shared__ float shares[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarp, part = warp % parts;
-  const int64_t o = int64_t(blockIdx.x) * (kWarpsPerBlock / parts) + warp / parts;
-  const float s = o < out
-      ? row_dot(x, reinterpret_cast<const uint4*>(W + o * in), in / (16 / sizeof(T)), part, parts)
-      : 0.f;
+  const int64_t o =
+      int64_t(blockIdx.x) * (kWarpsPerBlock / parts) + warp / parts;
+  float s = 0.f;
+  if (o < out) {
+    const uint4* row = reinterpret_cast<const uint4*>(W + o * in);
+    s = row_dot(x, row, in / (16 / sizeof(T)), part, parts);
+  }
   if (parts > 1) {
     if (threadIdx.x % kWarp == 0)
       shares[warp] = s;
