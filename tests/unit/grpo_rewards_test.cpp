@@ -9,6 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <thread>
+
 namespace orchard {
 namespace {
 
@@ -192,6 +197,31 @@ TEST(GrpoRewards, RewardProcessFailuresSayWhatWentWrong) {
   EXPECT_NE(reward_error("while read x; do echo '{\"a\": \"high\"}'; done").find("not a number"), std::string::npos);
   EXPECT_NE(reward_error("sleep 30", 0.3).find("reward_timeout"), std::string::npos);
   EXPECT_NE(reward_error("read x; echo '{\"a\": 1}'; read y; echo '{\"b\": 1}'").find("\"a\" is missing"), std::string::npos);
+}
+
+// A reward command's own children go with it: a script that hangs in a
+// child (here `sleep`, which the shell waits for) leaves nothing running
+// once Orchard has given up on it.
+TEST(GrpoRewards, AStoppedRewardProcessTakesItsChildrenWithIt) {
+  test::TempDir t;
+  const std::string pid_file = t.file("child.pid");
+  const std::string err =
+      reward_error("sleep 30 & echo $! > " + pid_file + "; wait", 0.3);
+  EXPECT_NE(err.find("reward_timeout"), std::string::npos) << err;
+  std::ifstream in(pid_file);
+  pid_t child = 0;
+  ASSERT_TRUE(in >> child) << "the command did not write its child's pid";
+  // Gone, or a zombie waiting for its new parent to reap it.
+  auto running = [&] {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string pid, name, state;
+    return stat >> pid >> name >> state && state != "Z";
+  };
+  for (int i = 0; i < 40 && running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(running()) << "sleep 30 (pid " << child << ") still runs";
+  if (running())
+    ::kill(child, SIGKILL);
 }
 
 } // namespace

@@ -36,6 +36,9 @@ RewardProcess::RewardProcess(std::string command, double timeout_s)
         "reward_cmd: cannot start a process (" +
         std::string(std::strerror(errno)) + ").");
   if (pid_ == 0) {
+    // Its own process group, so that stopping it stops what it started
+    // too (a shell script's children would outlive it otherwise).
+    setpgid(0, 0);
     dup2(in[0], 0);
     dup2(out[1], 1);
     close(in[0]);
@@ -45,6 +48,7 @@ RewardProcess::RewardProcess(std::string command, double timeout_s)
     execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
+  setpgid(pid_, pid_); // as the child does: whichever runs first
   close(in[0]);
   close(out[1]);
   to_child_ = in[1];
@@ -61,13 +65,17 @@ RewardProcess::~RewardProcess() {
     close(from_child_);
   if (pid_ <= 0)
     return;
-  for (int i = 0; i < 20; ++i) {
-    if (waitpid(pid_, nullptr, WNOHANG) == pid_)
-      return;
-    usleep(50'000);
+  // Its stdin closed, the command has a second to end; then it is killed.
+  // Either way, what it started and left running goes too (its group).
+  bool ended = false;
+  for (int i = 0; i < 20 && !ended; ++i) {
+    ended = waitpid(pid_, nullptr, WNOHANG) == pid_;
+    if (!ended)
+      usleep(50'000);
   }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
+  kill(-pid_, SIGKILL);
+  if (!ended)
+    waitpid(pid_, nullptr, 0);
 }
 
 void RewardProcess::fail(const std::string& what) {

@@ -23,7 +23,9 @@ class RewardProcess {
  public:
   // Starts `/bin/sh -c command`; UserError when it cannot start.
   RewardProcess(std::string command, double timeout_s);
-  ~RewardProcess(); // closes its stdin; kills it if it lingers
+  // Closes its stdin and kills it if it lingers, and whatever it started
+  // and left running (its process group).
+  ~RewardProcess();
   RewardProcess(const RewardProcess&) = delete;
   RewardProcess& operator=(const RewardProcess&) = delete;
 
