@@ -16,6 +16,7 @@
 // ORCHARD_BENCH_STEP_ONLY stops after batch 1 with graphs, the step alone
 // and the products.
 // ORCHARD_PDL=0 launches the kernels plainly (for a before/after).
+#include "core/dtype.h"
 #include "core/machine.h"
 #include "core/torch_compat.h"
 #include "infer/decode_step.h"
@@ -63,6 +64,8 @@ int main(int argc, char** argv) {
   orchard::models::LoadOptions lo;
   lo.device = dev;
   lo.dtype = dev.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  if (const char* d = std::getenv("ORCHARD_BENCH_DTYPE"))
+    lo.dtype = orchard::parse_dtype(d, "ORCHARD_BENCH_DTYPE");
   lo.context = P + N;
   double t0 = now_s();
   auto model = orchard::models::load_hf_model(dir, lo);

@@ -11,7 +11,8 @@
 # decode: Qwen2.5 0.5B's shape (Llama 3's tokenizer, vocabulary 128,256),
 #         exported to q4_0, q8_0 and f16 and decoded by llama.cpp
 #         (node-llama-cpp's prebuilt CPU build, bench/peers/llama_cpp_decode.mjs)
-#         and by `orchard generate` (float32 on the CPU), greedy, prompt ~128
+#         and by `orchard generate` (--dtype float32 and bfloat16 on the
+#         CPU), greedy, prompt ~128
 #         tokens + NEW new tokens, THREADS threads each.
 # Needs build/ with orchard and orchard_bench_random_model (cmake --build
 # build --target orchard orchard_bench_random_model) and the llama.cpp judge
@@ -61,9 +62,11 @@ if [ "$what" = decode ] || [ "$what" = all ]; then
     [ -f "$out" ] || "$build/orchard" export gguf --model "$dir" --type "$t" --out "$out" >/dev/null
     (cd "$judge" && node llama_cpp_decode.mjs "$out" 128 "$new" "$threads")
   done
-  for run in 1 2 3; do
-    OMP_NUM_THREADS=$threads "$build/orchard" generate --model "$dir" --device cpu \
-      --prompt "$prompt" --temperature 0 --max-new-tokens "$new" 2>&1 |
-      grep -o "prompt .*tokens/s" | sed "s/^/orchard generate (float32), run $run: /"
+  for dtype in float32 bfloat16; do
+    for run in 1 2 3; do
+      OMP_NUM_THREADS=$threads "$build/orchard" generate --model "$dir" --device cpu \
+        --dtype $dtype --prompt "$prompt" --temperature 0 --max-new-tokens "$new" 2>&1 |
+        grep -o "prompt .*tokens/s" | sed "s/^/orchard generate ($dtype), run $run: /"
+    done
   done
 fi

@@ -171,6 +171,12 @@ void add_model_flags(CLI::App* app, ModelFlags& flags) {
       flags.adapter,
       "with --model: a LoRA adapter folder (PEFT's format) or an `orchard "
       "train stage=lora` run folder");
+  app->add_option(
+      "--dtype",
+      flags.dtype,
+      "with --model: auto (bfloat16 on CUDA, float32 elsewhere), float32, "
+      "bfloat16 or float16; on a CPU bfloat16 decodes about twice as fast "
+      "as float32, with bfloat16's rounding");
 }
 
 void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
@@ -203,6 +209,7 @@ void add_sampling_extra_flags(CLI::App* app, infer::SamplingOptions& opt) {
 }
 
 runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& d) {
+  runs::asked_dtype(flags, d); // a bad --dtype before the model is looked for
   // A tiny recursive model trained on chat data decodes without a cache.
   const bool trm = flags.model_dir.empty() &&
       trm::is_trm_checkpoint(runs::model_path(flags));
@@ -210,6 +217,12 @@ runs::LoadedModel open_model(const ModelFlags& flags, const DeviceInfo& d) {
       ? trm::load_trm_chat(runs::model_path(flags), d.device)
       : runs::load_model(flags, d);
   std::fprintf(status_stream(), "Model: %s\n", loaded.description.c_str());
+  if (!flags.model_dir.empty() && d.kind == "cpu" &&
+      (flags.dtype.empty() || flags.dtype == "auto"))
+    std::fprintf(
+        status_stream(),
+        "Decoding in float32 on the CPU; --dtype bfloat16 is about twice as "
+        "fast (bfloat16's rounding, not float32's).\n");
   return loaded;
 }
 

@@ -81,7 +81,26 @@ text::ChatTemplate chat_template(const LoadedModel& loaded) {
       loaded.tokenizer_dir, *loaded.tokenizer, loaded.chat_template);
 }
 
+std::optional<c10::ScalarType> asked_dtype(
+    const ModelSource& source,
+    const DeviceInfo& device) {
+  const std::optional<c10::ScalarType> asked = parse_dtype(
+      source.dtype.empty() ? std::string("auto") : source.dtype, "--dtype");
+  if (asked && source.model_dir.empty())
+    throw UserError(
+        "--dtype " + source.dtype +
+        ": only a Hugging Face folder (--model DIR) is loaded in another "
+        "dtype; Orchard's own checkpoints decode as they were trained.");
+  if (asked == c10::ScalarType::Half && device.kind == "cpu")
+    throw UserError(
+        "--dtype float16 on the CPU: libtorch has no fast float16 matrix "
+        "products there (Debian's 1.13 has none at all); use --dtype "
+        "bfloat16 (about twice float32's speed) or float32.");
+  return asked;
+}
+
 LoadedModel load_model(const ModelSource& source, const DeviceInfo& device) {
+  const std::optional<c10::ScalarType> asked = asked_dtype(source, device);
   const std::string path = model_path(source);
   if (source.model_dir.empty()) {
     TrainedGpt t = load_gpt(path);
@@ -101,7 +120,7 @@ LoadedModel load_model(const ModelSource& source, const DeviceInfo& device) {
     throw UserError("give either --model DIR or -i/--checkpoint, not both.");
   models::LoadOptions opt;
   opt.device = device.device;
-  opt.dtype = auto_dtype(device);
+  opt.dtype = asked.value_or(auto_dtype(device));
   models::Llama model = models::load_hf_model(source.model_dir, opt);
   std::string adapter;
   if (!source.adapter.empty()) {
@@ -116,7 +135,8 @@ LoadedModel load_model(const ModelSource& source, const DeviceInfo& device) {
       loaded_from(model.ptr(), source.model_dir, source.chat_template);
   out.checkpoint_dir = source.model_dir;
   out.description = source.model_dir + " (" + model->config.architecture +
-      ", " + std::to_string(model->config.num_hidden_layers) + " layers)" +
+      ", " + std::to_string(model->config.num_hidden_layers) + " layers, " +
+      dtype_name(*opt.dtype) + ")" +
       (adapter.empty() ? "" : " + adapter " + adapter);
   out.name = name_of(source, path);
   return out;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace orchard::runs {
@@ -29,6 +30,9 @@ struct ModelSource {
   std::string stage, run, checkpoint;
   std::string model_dir, adapter;
   std::string chat_template; // "": the folder's own; or a built-in family
+  // With model_dir: the weights' dtype, auto (core/dtype.h's choice for the
+  // device) | float32 | bfloat16 | float16; "" is auto.
+  std::string dtype;
 };
 
 // The run or checkpoint folder (or the HF folder); UserError when the
@@ -48,9 +52,16 @@ struct LoadedModel {
   std::string name; // "sft/d4", "Llama-3.2-3B+adapter" (serve's model id)
 };
 
+// source.dtype as a type (nullopt: auto); UserError for a wrong name, a
+// dtype for an Orchard checkpoint, or float16 on the CPU. load_model checks
+// it first; a caller that looks at the source earlier can too.
+std::optional<c10::ScalarType> asked_dtype(
+    const ModelSource& source,
+    const DeviceInfo& device);
+
 // Loads what `source` names onto `device`: a GPT from its checkpoint (the
-// EMA weights when it has them), a Hugging Face model in the automatic
-// dtype (core/dtype.h) with its adapter added.
+// EMA weights when it has them), a Hugging Face model in source.dtype (the
+// automatic one by default, core/dtype.h) with its adapter added.
 LoadedModel load_model(const ModelSource& source, const DeviceInfo& device);
 
 // The same for a model already in memory (samples while training).

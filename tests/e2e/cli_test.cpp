@@ -202,6 +202,54 @@ TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
   }
 }
 
+// --dtype: a Hugging Face folder decodes in the dtype asked (the status
+// line names it; float32 on the CPU says what bfloat16 would do), a wrong
+// name or a dtype for an Orchard checkpoint exits 2 before anything loads.
+TEST(Cli, GenerateLoadsAHuggingFaceFolderInTheDtypeAsked) {
+  const std::string llama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
+  auto greedy = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {
+        "generate", "--model", llama, "--device", "cpu", "--prompt",
+        "what is a river", "--temperature", "0", "--max-new-tokens", "6"};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_orchard(args);
+  };
+  auto r = greedy({});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string plain = r.out + r.err;
+  EXPECT_TRUE(contains(plain, "layers, float32)")) << plain;
+  EXPECT_TRUE(contains(plain, "--dtype bfloat16 is about twice as fast"))
+      << plain;
+  r = greedy({"--dtype", "bfloat16"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string half = r.out + r.err;
+  EXPECT_TRUE(contains(half, "layers, bfloat16)")) << half;
+  EXPECT_FALSE(contains(half, "is about twice as fast")) << half;
+  EXPECT_TRUE(contains(half, "what is a river")) << half;
+  // float16: GPUs only.
+  r = greedy({"--dtype", "float16"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "--dtype float16 on the CPU")) << r.err;
+  r = greedy({"--dtype", "int8"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(
+      contains(r.err, "--dtype int8: expected auto, float32, bfloat16 or float16."))
+      << r.err;
+  for (const char* command : {"generate", "chat"}) {
+    r = run_orchard(
+        {command,
+         "-i",
+         "sft",
+         std::string(command) == "chat" ? "-p" : "--prompt",
+         "hi",
+         "--dtype",
+         "bfloat16"});
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "only a Hugging Face folder (--model DIR)"))
+        << command << ": " << r.err;
+  }
+}
+
 // WORLD_SIZE is checked everywhere, but only training reads the rest of
 // torchrun's variables: a half-set launch is refused before anything runs.
 TEST(Cli, AHalfSetLaunchIsRefusedForTrainingOnly) {
