@@ -168,8 +168,9 @@ int main(int argc, char** argv) {
     // graph: the weight bytes streamed per second.
     torch::NoGradGuard no_grad;
     auto& layers = model->model->layers;
-    auto kinds = std::vector<std::pair<const char*, std::vector<torch::Tensor>>>{
-        {"qkv", {}}, {"o", {}}, {"gate_up", {}}, {"down", {}}};
+    auto kinds =
+        std::vector<std::pair<const char*, std::vector<torch::Tensor>>>{
+            {"qkv", {}}, {"o", {}}, {"gate_up", {}}, {"down", {}}};
     for (size_t l = 0; l < layers->size(); ++l) {
       auto* layer = layers[l]->as<orchard::models::LlamaLayerImpl>();
       kinds[0].second.push_back(layer->self_attn->qkv_weight);
@@ -217,7 +218,8 @@ int main(int argc, char** argv) {
           best / double(20 * ws.size()) * 1e6,
           b / best / 1e9);
     }
-    std::printf("products, the layers' all: %.0f GB/s\n", all_bytes / all_s / 1e9);
+    std::printf(
+        "products, the layers' all: %.0f GB/s\n", all_bytes / all_s / 1e9);
   }
 #endif
   if (step_only)

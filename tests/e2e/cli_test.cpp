@@ -209,8 +209,17 @@ TEST(Cli, GenerateLoadsAHuggingFaceFolderInTheDtypeAsked) {
   const std::string llama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
   auto greedy = [&](std::vector<std::string> more) {
     std::vector<std::string> args = {
-        "generate", "--model", llama, "--device", "cpu", "--prompt",
-        "what is a river", "--temperature", "0", "--max-new-tokens", "6"};
+        "generate",
+        "--model",
+        llama,
+        "--device",
+        "cpu",
+        "--prompt",
+        "what is a river",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "6"};
     args.insert(args.end(), more.begin(), more.end());
     return run_orchard(args);
   };
@@ -232,8 +241,8 @@ TEST(Cli, GenerateLoadsAHuggingFaceFolderInTheDtypeAsked) {
   EXPECT_TRUE(contains(r.err, "--dtype float16 on the CPU")) << r.err;
   r = greedy({"--dtype", "int8"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_TRUE(
-      contains(r.err, "--dtype int8: expected auto, float32, bfloat16 or float16."))
+  EXPECT_TRUE(contains(
+      r.err, "--dtype int8: expected auto, float32, bfloat16 or float16."))
       << r.err;
   for (const char* command : {"generate", "chat"}) {
     r = run_orchard(
