@@ -158,48 +158,38 @@ TEST(Cli, DoctorIsReadyOnThisMachine) {
 
 // generate and chat accept the same sampling ranges (one check, before a
 // model is loaded) and say every range in the refusal.
+// `generate` and `chat` of the sft model with `flags` both exit 2 saying
+// `message`.
+void refused_by_generate_and_chat(
+    const std::vector<std::string>& flags,
+    const std::string& message) {
+  for (const char* command : {"generate", "chat"}) {
+    std::vector<std::string> args = {
+        command,
+        "-i",
+        "sft",
+        std::string(command) == "chat" ? "-p" : "--prompt",
+        "hi"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto r = run_orchard(args);
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, message)) << command << ": " << r.err;
+  }
+}
+
 TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
   for (const auto& flags : std::vector<std::vector<std::string>>{
-           {"--temperature", "2.5"}, {"--top-p", "0"}, {"--top-k", "-1"}}) {
-    for (const char* command : {"generate", "chat"}) {
-      std::vector<std::string> args = {command, "-i", "sft", "--prompt", "hi"};
-      if (std::string(command) == "chat")
-        args = {command, "-i", "sft", "-p", "hi"};
-      args.insert(args.end(), flags.begin(), flags.end());
-      auto r = run_orchard(args);
-      EXPECT_EQ(r.exit_code, 2) << command << " " << flags[0] << ": " << r.err;
-      EXPECT_TRUE(contains(
-          r.err,
-          "--temperature must be in [0, 2], --top-p in (0, 1], --top-k in "
-          "[0, 1048576] and --max-new-tokens >= 1."))
-          << command << ": " << r.err;
-    }
-  }
+           {"--temperature", "2.5"}, {"--top-p", "0"}, {"--top-k", "-1"}})
+    refused_by_generate_and_chat(
+        flags,
+        "--temperature must be in [0, 2], --top-p in (0, 1], --top-k in "
+        "[0, 1048576] and --max-new-tokens >= 1.");
   // min-p and the repetition penalty: their own messages.
-  for (const char* command : {"generate", "chat"}) {
-    const std::string p = std::string(command) == "chat" ? "-p" : "--prompt";
-    auto r = run_orchard({command, "-i", "sft", p, "hi", "--min-p", "1.5"});
-    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
-    EXPECT_TRUE(contains(r.err, "--min-p must be in [0, 1]")) << r.err;
-    r = run_orchard(
-        {command, "-i", "sft", p, "hi", "--repetition-penalty", "0"});
-    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
-    EXPECT_TRUE(contains(r.err, "--repetition-penalty must be in (0, 10]"))
-        << r.err;
-  }
-  for (const char* command : {"generate", "chat"}) {
-    auto r = run_orchard(
-        {command,
-         "-i",
-         "sft",
-         std::string(command) == "chat" ? "-p" : "--prompt",
-         "hi",
-         "--sampling-device",
-         "gpu"});
-    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
-    EXPECT_TRUE(contains(r.err, "--sampling-device is auto, cpu or device"))
-        << command << ": " << r.err;
-  }
+  refused_by_generate_and_chat({"--min-p", "1.5"}, "--min-p must be in [0, 1]");
+  refused_by_generate_and_chat(
+      {"--repetition-penalty", "0"}, "--repetition-penalty must be in (0, 10]");
+  refused_by_generate_and_chat(
+      {"--sampling-device", "gpu"}, "--sampling-device is auto, cpu or device");
 }
 
 // --dtype: a Hugging Face folder decodes in the dtype asked (the status
@@ -244,19 +234,8 @@ TEST(Cli, GenerateLoadsAHuggingFaceFolderInTheDtypeAsked) {
   EXPECT_TRUE(contains(
       r.err, "--dtype int8: expected auto, float32, bfloat16 or float16."))
       << r.err;
-  for (const char* command : {"generate", "chat"}) {
-    r = run_orchard(
-        {command,
-         "-i",
-         "sft",
-         std::string(command) == "chat" ? "-p" : "--prompt",
-         "hi",
-         "--dtype",
-         "bfloat16"});
-    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
-    EXPECT_TRUE(contains(r.err, "only a Hugging Face folder (--model DIR)"))
-        << command << ": " << r.err;
-  }
+  refused_by_generate_and_chat(
+      {"--dtype", "bfloat16"}, "only a Hugging Face folder (--model DIR)");
 }
 
 // WORLD_SIZE is checked everywhere, but only training reads the rest of
