@@ -174,9 +174,9 @@ void add_model_flags(CLI::App* app, ModelFlags& flags) {
   app->add_option(
       "--dtype",
       flags.dtype,
-      "with --model: auto (bfloat16 on CUDA, float32 elsewhere), float32, "
-      "bfloat16 or float16; on a CPU bfloat16 decodes about twice as fast "
-      "as float32, with bfloat16's rounding");
+      "with --model: auto (bfloat16 on CUDA from Ampere on, float32 "
+      "elsewhere), float32, bfloat16 or float16; on a CPU bfloat16 decodes "
+      "about twice as fast as float32, with bfloat16's rounding");
 }
 
 void add_chat_template_flag(CLI::App* app, ModelFlags& flags) {
