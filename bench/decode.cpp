@@ -15,6 +15,8 @@
 //     one-row products alone, as GB/s of weights streamed.
 // ORCHARD_BENCH_STEP_ONLY stops after batch 1 with graphs, the step alone
 // and the products.
+// ORCHARD_BENCH_DTYPE=float32|bfloat16|float16 loads the weights in that
+// dtype instead (the CPU's bfloat16 decoding, for one).
 // ORCHARD_PDL=0 launches the kernels plainly (for a before/after).
 #include "core/dtype.h"
 #include "core/machine.h"

@@ -156,8 +156,6 @@ TEST(Cli, DoctorIsReadyOnThisMachine) {
   EXPECT_TRUE(contains(r.out, "Ready to train on CPU")) << r.out;
 }
 
-// generate and chat accept the same sampling ranges (one check, before a
-// model is loaded) and say every range in the refusal.
 // `generate` and `chat` of the sft model with `flags` both exit 2 saying
 // `message`.
 void refused_by_generate_and_chat(
@@ -177,6 +175,8 @@ void refused_by_generate_and_chat(
   }
 }
 
+// generate and chat accept the same sampling ranges (one check, before a
+// model is loaded) and say every range in the refusal.
 TEST(Cli, SamplingRangesAreTheSameForGenerateAndChat) {
   for (const auto& flags : std::vector<std::vector<std::string>>{
            {"--temperature", "2.5"}, {"--top-p", "0"}, {"--top-k", "-1"}})
@@ -234,6 +234,18 @@ TEST(Cli, GenerateLoadsAHuggingFaceFolderInTheDtypeAsked) {
   EXPECT_TRUE(contains(
       r.err, "--dtype int8: expected auto, float32, bfloat16 or float16."))
       << r.err;
+  // serve and eval load through the same path: the same refusals, before
+  // serve listens or eval reads a question.
+  for (const char* command : {"serve", "eval"}) {
+    r = run_orchard(
+        {command, "--model", llama, "--device", "cpu", "--dtype", "int8"});
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, "--dtype int8: expected auto")) << r.err;
+    r = run_orchard(
+        {command, "--model", llama, "--device", "cpu", "--dtype", "float16"});
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, "--dtype float16 on the CPU")) << r.err;
+  }
   refused_by_generate_and_chat(
       {"--dtype", "bfloat16"}, "only a Hugging Face folder (--model DIR)");
 }
