@@ -1,6 +1,7 @@
 #include "ops/linear.h"
 
 #include "ops/kernel_call.h"
+#include "ops/silu_mul.h"
 
 #ifdef ORCHARD_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -65,6 +66,40 @@ torch::Tensor linear(
   return y;
 #else
   return at::mm(x, weight.t());
+#endif
+}
+
+torch::Tensor linear_silu_mul(
+    const torch::Tensor& x,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias) {
+  TORCH_CHECK(
+      weight.dim() == 2 && weight.size(0) % 2 == 0,
+      "linear_silu_mul: the weight must stack two halves of equal rows, got ",
+      weight.sizes());
+  const int64_t half = weight.size(0) / 2;
+  if (!linear_is_matvec(x, weight, bias)) {
+    auto gu = linear(x, weight, bias);
+    return silu_mul(gu.narrow(-1, 0, half), gu.narrow(-1, half, half));
+  }
+#ifdef ORCHARD_CUDA_KERNELS
+  const c10::cuda::CUDAGuard on_device(x.device());
+  auto y = torch::empty({x.size(0), half}, x.options());
+  kernel::check(
+      cuda::matvec_silu_mul(
+          kernel::dtype_of(x),
+          x.data_ptr(),
+          weight.data_ptr(),
+          bias.defined() ? bias.data_ptr() : nullptr,
+          y.data_ptr(),
+          x.size(0),
+          half,
+          x.size(1),
+          kernel::stream_of(x)),
+      "linear_silu_mul");
+  return y;
+#else
+  return torch::Tensor(); // linear_is_matvec is false without the kernels
 #endif
 }
 

@@ -24,4 +24,15 @@ bool linear_is_matvec(
     const torch::Tensor& weight,
     const torch::Tensor& bias = {});
 
+// SwiGLU: silu(g) * u where g and u are the two halves of
+// linear(x, weight, bias) (weight stacks the gate's rows over the up's, as
+// prepare_inference() stacks gate_proj and up_proj), each op rounding to
+// x's dtype. Where linear would run the matrix-vector kernel this is one
+// kernel that never writes g and u (matvec.cu); elsewhere linear, then
+// ops::silu_mul.
+torch::Tensor linear_silu_mul(
+    const torch::Tensor& x,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias = {});
+
 } // namespace orchard::ops

@@ -349,6 +349,62 @@ TEST(DecodeOps, MatvecKernelIsTheMatrixProduct) {
       }
 }
 
+// SwiGLU's product with its activation in the kernel: the numbers of the
+// product's two halves then silu_mul, bit for bit where the kernel splits
+// the rows as the plain product does, and float64's up to rounding.
+TEST(DecodeOps, MatvecSiluMulIsTheProductThenTheActivation) {
+  torch::NoGradGuard no_grad;
+  {
+    auto x = torch::randn({3, 16}, torch::kFloat64);
+    auto w = torch::randn({10, 16}, torch::kFloat64);
+    auto b = torch::randn({10}, torch::kFloat64);
+    auto gu = x.matmul(w.t()) + b;
+    auto g = gu.narrow(1, 0, 5), u = gu.narrow(1, 5, 5);
+    EXPECT_LT(
+        max_diff(ops::linear_silu_mul(x, w, b), g / (1 + torch::exp(-g)) * u),
+        1e-12);
+    EXPECT_THROW(
+        ops::linear_silu_mul(x, torch::randn({9, 16}, torch::kFloat64)),
+        c10::Error);
+  }
+  REQUIRE_KERNELS(cuda);
+  torch::manual_seed(19);
+  // Llama 3.2 3B's gate/up (one warp a row), Qwen2.5 0.5B's, a small one
+  // with a bias and a last block past the end, and few long rows (the
+  // plain product splits them in 8 warps, the gated kernel in 4: the same
+  // numbers only up to the order of the sums).
+  for (auto [half, in, with_bias, same_split] :
+       std::vector<std::tuple<int64_t, int64_t, bool, bool>>{
+           {8192, 3072, false, true},
+           {4864, 896, false, true},
+           {37, 40, true, true},
+           {5, 8192, true, false}})
+    for (auto dtype : kDtypes)
+      for (int64_t N : {1, 3}) {
+        const auto opt = torch::TensorOptions().device(cuda).dtype(dtype);
+        auto x = torch::randn({N, in}, opt);
+        auto w = (torch::randn({2 * half, in}, opt) * 0.1).to(dtype);
+        auto b = with_bias ? torch::randn({2 * half}, opt) : torch::Tensor();
+        auto got = ops::linear_silu_mul(x, w, b);
+        ASSERT_EQ(got.sizes(), (std::vector<int64_t>{N, half}));
+        ASSERT_EQ(got.scalar_type(), dtype);
+        auto gu = ops::linear(x, w, b);
+        auto unfused =
+            ops::silu_mul(gu.narrow(1, 0, half), gu.narrow(1, half, half));
+        if (same_split)
+          EXPECT_TRUE(torch::equal(got, unfused))
+              << dtype << " " << half << "x" << in << " N " << N;
+        auto gu64 = x.to(torch::kFloat64).matmul(w.to(torch::kFloat64).t());
+        if (with_bias)
+          gu64 = gu64 + b.to(torch::kFloat64);
+        auto g = gu64.narrow(1, 0, half), u = gu64.narrow(1, half, half);
+        auto want = g / (1 + torch::exp(-g)) * u;
+        const double tol = dtype == torch::kFloat32 ? 1e-5 : 6 * ulp(dtype);
+        EXPECT_LT(relative_error(got, want), tol)
+            << dtype << " " << half << "x" << in << " N " << N;
+      }
+}
+
 // The decoding kernels start before the kernel ahead of them has ended
 // (programmatic dependent launch, compute capability 9.0+). Each must
 // still read its inputs only after that kernel's writes: a chain where
@@ -380,10 +436,7 @@ TEST(DecodeOps, KernelsStartedEarlyReadTheResultsOfTheKernelsBefore) {
     for (int layer = 0; layer < 24; ++layer) {
       auto [sum, normed] = ops::add_rms_norm(h, pending, w_norm, 1e-6);
       sync();
-      auto gu = ops::linear(normed.view({1, C}), w_up);
-      sync();
-      auto parts = gu.split(F, 1);
-      auto act = ops::silu_mul(parts[0], parts[1]);
+      auto act = ops::linear_silu_mul(normed.view({1, C}), w_up);
       h = sum;
       sync();
       pending = ops::linear(act, w_down);

@@ -329,6 +329,17 @@ class LayerProjections {
     return ys;
   }
 
+  // silu(gate) * up of one input: on the stacked weight one product
+  // whose kernel, when decoding, also applies the activation
+  // (ops::linear_silu_mul).
+  torch::Tensor swiglu(const torch::Tensor& h) const {
+    const auto& [w, b] = stacked_[4];
+    if (w.defined())
+      return ops::linear_silu_mul(h.reshape({-1, h.size(-1)}), w, b);
+    auto gu = (*this)(h, {4, 5});
+    return ops::silu_mul(gu[0], gu[1]);
+  }
+
  private:
   std::array<ProjImpl*, 7> ps_{};
   std::array<std::pair<torch::Tensor, torch::Tensor>, 7> stacked_{};
@@ -529,8 +540,7 @@ torch::Tensor LlamaImpl::decode_batch(
         q, ck, cv, pos, key_len, config.sliding_window.value_or(0));
     add_then_norm(
         run(y, {3})[0].view({B, 1, -1}), layer->post_attention_layernorm);
-    auto gu = run(h, {4, 5});
-    pending = run(ops::silu_mul(gu[0], gu[1]), {6})[0].view({B, 1, -1});
+    pending = run(run.swiglu(h), {6})[0].view({B, 1, -1});
   }
   if (pending.defined())
     add_then_norm(pending, model->norm);

@@ -162,6 +162,22 @@ int matvec(
     int64_t in,
     void* stream);
 
+// SwiGLU's product and activation in one kernel: W (2 * half, in) stacks
+// the gate's rows over the up's (bias likewise, or null), and
+// y (N, half) = silu_mul(g, u) of g = matvec rows 0..half-1 and u = rows
+// half..2 half-1, each rounded to T first: the numbers matvec followed by
+// silu_mul give, without writing g and u. N at most kMatvecMaxRows.
+int matvec_silu_mul(
+    Dtype dtype,
+    const void* x,
+    const void* W,
+    const void* bias,
+    void* y,
+    int64_t N,
+    int64_t half,
+    int64_t in,
+    void* stream);
+
 // Training kernels with a backward (train_fused.cu; the ops in
 // src/ops/fused_train.cpp wrap them in autograd functions).
 //

@@ -59,9 +59,13 @@ __device__ float row_dot(
   return warp_sum(acc);
 }
 
-// `parts` warps per output o (1, 2, 4 or 8), each summing its share of the
-// row; the block adds the shares in a fixed order.
-template <typename T>
+// `parts` warps per output (1, 2, 4 or 8), each summing its share of the
+// row; the block adds the shares in a fixed order. Gated (SwiGLU's
+// product): W stacks `out` gate rows over `out` up rows, a block reads
+// gate row o and up row out + o together, and writes
+// y[o] = T(T(silu(T(gate))) * T(up)), silu_mul's numbers (silu_mul.cu) on
+// the two outputs matvec would have written.
+template <typename T, bool kGated>
 __global__ void matvec_kernel(
     const T* __restrict__ x,
     const T* __restrict__ W,
@@ -72,24 +76,42 @@ __global__ void matvec_kernel(
     int parts) {
   __shared__ float shares[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarp, part = warp % parts;
-  const int64_t o =
-      int64_t(blockIdx.x) * (kWarpsPerBlock / parts) + warp / parts;
+  const int slots = kWarpsPerBlock / parts; // rows a block reads
+  const int slot = warp / parts;
+  const int outputs = kGated ? slots / 2 : slots; // outputs a block writes
+  const int64_t o = int64_t(blockIdx.x) * outputs + slot % outputs;
+  const int64_t row = kGated && slot >= outputs ? out + o : o;
   float s = 0.f;
-  if (o < out) {
-    const uint4* row = reinterpret_cast<const uint4*>(W + o * in);
-    s = row_dot(x, row, in / (16 / sizeof(T)), part, parts);
-  }
-  if (parts > 1) {
+  if (o < out)
+    s = row_dot(
+        x,
+        reinterpret_cast<const uint4*>(W + row * in),
+        in / (16 / sizeof(T)),
+        part,
+        parts);
+  if (parts > 1 || kGated) {
     if (threadIdx.x % kWarp == 0)
       shares[warp] = s;
     __syncthreads();
   }
-  if (o >= out || part != 0 || threadIdx.x % kWarp != 0)
+  if (o >= out || slot >= outputs || part != 0 || threadIdx.x % kWarp != 0)
     return;
-  float sum = s;
-  for (int j = 1; j < parts; ++j)
-    sum += shares[warp + j];
-  y[o] = from_float<T>(bias ? sum + to_float(bias[o]) : sum);
+  // Part 0's sum, then the other parts' in order (as plain matvec).
+  auto total = [&](float sum, int first, int64_t r) {
+    for (int j = 1; j < parts; ++j)
+      sum += shares[first + j];
+    return from_float<T>(bias ? sum + to_float(bias[r]) : sum);
+  };
+  const T v = total(s, warp, row);
+  if constexpr (!kGated) {
+    y[o] = v;
+  } else {
+    const int up = warp + outputs * parts;
+    const float g = to_float(v);
+    const float u = to_float(total(shares[up], up, out + o));
+    const float silu = round_to<T>(g / (1.0f + expf(-g)));
+    y[o] = from_float<T>(__fmul_rn(silu, u));
+  }
 }
 
 // Warps per output: products with few outputs (down and qkv of a 3B
@@ -108,9 +130,8 @@ int parts_for(int64_t out, int64_t pieces) {
   return parts;
 }
 
-} // namespace
-
-int matvec(
+template <bool kGated>
+int launch(
     Dtype dtype,
     const void* x,
     const void* W,
@@ -129,11 +150,15 @@ int matvec(
     constexpr int kVec = 16 / sizeof(T);
     if (in % kVec != 0)
       return int(cudaErrorInvalidValue);
-    const int parts = parts_for(out, in / kVec);
-    const int rows = kWarpsPerBlock / parts; // outputs a block computes
+    // Gated: the parts of the plain product of all 2 * out rows (the same
+    // sums), at most 4 so that a block holds a gate row and its up row.
+    int parts = parts_for(kGated ? 2 * out : out, in / kVec);
+    if (kGated && parts > kWarpsPerBlock / 2)
+      parts = kWarpsPerBlock / 2;
+    const int outputs = kWarpsPerBlock / parts / (kGated ? 2 : 1);
     return launch_dependent(
-        matvec_kernel<T>,
-        dim3(unsigned((out + rows - 1) / rows)),
+        matvec_kernel<T, kGated>,
+        dim3(unsigned((out + outputs - 1) / outputs)),
         dim3(kWarpsPerBlock * kWarp),
         cudaStream_t(stream),
         static_cast<const T*>(x),
@@ -144,6 +169,34 @@ int matvec(
         in,
         parts);
   });
+}
+
+} // namespace
+
+int matvec(
+    Dtype dtype,
+    const void* x,
+    const void* W,
+    const void* bias,
+    void* y,
+    int64_t N,
+    int64_t out,
+    int64_t in,
+    void* stream) {
+  return launch<false>(dtype, x, W, bias, y, N, out, in, stream);
+}
+
+int matvec_silu_mul(
+    Dtype dtype,
+    const void* x,
+    const void* W,
+    const void* bias,
+    void* y,
+    int64_t N,
+    int64_t half,
+    int64_t in,
+    void* stream) {
+  return launch<true>(dtype, x, W, bias, y, N, half, in, stream);
 }
 
 } // namespace orchard::ops::cuda
