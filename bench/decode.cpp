@@ -12,7 +12,8 @@
 //   with ORCHARD_BENCH_NF4 set (CUDA), batch 1 again with the layers'
 //     projections in NF4 (the fraction is of the bf16 bound).
 //   with ORCHARD_BENCH_PRODUCTS set (CUDA), each kind of the layers'
-//     one-row products alone, as GB/s of weights streamed.
+//     one-row products alone, as GB/s of weights streamed, and the MLP's
+//     chain of kernels with and without the small ones between products.
 // ORCHARD_BENCH_STEP_ONLY stops after batch 1 with graphs, the step alone
 // and the products.
 // ORCHARD_BENCH_DTYPE=float32|bfloat16|float16 loads the weights in that
@@ -25,7 +26,11 @@
 #include "infer/engine.h"
 #include "models/hf/model.h"
 #include "ops/kernel_call.h"
+#include "ops/attention.h"
 #include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/rotary_cache.h"
+#include "ops/silu_mul.h"
 
 #if defined(ORCHARD_WITH_CUDA) && TORCH_VERSION_MAJOR >= 2
 #define ORCHARD_BENCH_GRAPHS 1
@@ -38,6 +43,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 namespace {
 
@@ -222,6 +228,109 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "products, the layers' all: %.0f GB/s\n", all_bytes / all_s / 1e9);
+    // What a kernel between two products costs in a chain where each op
+    // reads the one before (as in the step): every layer's MLP, its
+    // products as the step runs them, then with silu_mul as a kernel of
+    // its own, then with the residual add and norm before it. The
+    // differences per layer are what fusing that kernel saves.
+    const int64_t C = kinds[3].second[0].size(0);
+    auto w_norm = torch::ones({C}, kinds[3].second[0].options());
+    auto r = torch::randn({1, C}, w_norm.options()) * 0.1;
+    auto x0 = torch::randn({1, C}, w_norm.options()); // read, never written
+    auto mlp = [&](int variant) {
+      auto x = x0;
+      for (size_t l = 0; l < kinds[2].second.size(); ++l) {
+        const auto& gu = kinds[2].second[l];
+        if (variant == 2)
+          x = std::get<1>(orchard::ops::add_rms_norm(x, r, w_norm, 1e-6));
+        torch::Tensor a;
+        if (variant == 1) {
+          auto y = orchard::ops::linear(x, gu);
+          const int64_t F = gu.size(0) / 2;
+          a = orchard::ops::silu_mul(y.narrow(1, 0, F), y.narrow(1, F, F));
+        } else {
+          a = orchard::ops::linear_silu_mul(x, gu);
+        }
+        x = orchard::ops::linear(a, kinds[3].second[l]);
+      }
+    };
+    // The attention half likewise: qkv, rotary and the cache write,
+    // attention over P + N keys (several chunks, then their combination),
+    // o; then without the rotary kernel (q read from the product), then
+    // over 64 keys (one chunk: no combination kernel).
+    const auto& c = model->config;
+    const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                  D = c.head_dim, cap = P + N;
+    std::vector<torch::Tensor> ck, cv;
+    for (size_t l = 0; l < kinds[0].second.size(); ++l) {
+      ck.push_back(torch::randn({1, Hkv, cap, D}, w_norm.options()));
+      cv.push_back(torch::randn({1, Hkv, cap, D}, w_norm.options()));
+    }
+    auto cos = torch::randn({cap, D}, w_norm.options()),
+         sin = torch::randn({cap, D}, w_norm.options());
+    auto pos_long = torch::full({1}, cap - 1, w_norm.options().dtype(torch::kInt64));
+    auto pos_short = torch::full({1}, 63, w_norm.options().dtype(torch::kInt64));
+    auto attention = [&](int variant) {
+      auto x = x0;
+      for (size_t l = 0; l < kinds[0].second.size(); ++l) {
+        auto qkv = orchard::ops::linear(x, kinds[0].second[l]);
+        auto q = qkv.narrow(1, 0, H * D), k = qkv.narrow(1, H * D, Hkv * D),
+             v = qkv.narrow(1, (H + Hkv) * D, Hkv * D);
+        const auto& pos = variant == 2 ? pos_short : pos_long;
+        auto qr = variant == 1
+            ? q.view({1, H, 1, D})
+            : orchard::ops::rotary_cache_write(
+                  q, k, v, cos, sin, pos, ck[l], cv[l]);
+        auto y = orchard::ops::decode_attention(
+            qr, ck[l], cv[l], pos, variant == 2 ? 64 : cap);
+        x = orchard::ops::linear(y.reshape({1, -1}), kinds[1].second[l]);
+      }
+    };
+    auto chain_us = [&](const std::function<void()>& fn) {
+      auto stream = c10::cuda::getStreamFromPool(false, dev.index());
+      at::cuda::CUDAGraph graph;
+      {
+        c10::cuda::CUDAStreamGuard guard(stream);
+        fn();
+        stream.synchronize();
+        graph.capture_begin();
+        for (int pass = 0; pass < 10; ++pass)
+          fn();
+        graph.capture_end();
+      }
+      graph.replay();
+      orchard::compat::synchronize(dev);
+      double best = 1e9;
+      for (int rep = 0; rep < 5; ++rep) {
+        const double t0 = now_s();
+        graph.replay();
+        orchard::compat::synchronize(dev);
+        best = std::min(best, now_s() - t0);
+      }
+      return best / double(10 * kinds[0].second.size()) * 1e6;
+    };
+    if (kinds[0].second[0].defined() && kinds[2].second[0].defined()) {
+      const char* mlp_names[] = {
+          "products only", "silu_mul apart", "add_rms_norm before"};
+      const char* attention_names[] = {
+          "as in the step", "no rotary kernel", "64 keys (no combine)"};
+      for (int half = 0; half < 2; ++half) {
+        double base = 0;
+        for (int variant = 0; variant < 3; ++variant) {
+          const double us = chain_us([&] {
+            half == 0 ? mlp(variant) : attention(variant);
+          });
+          if (variant == 0)
+            base = us;
+          std::printf(
+              "%s chain, %-20s: %.2f us a layer (%+.2f)\n",
+              half == 0 ? "mlp" : "attention",
+              half == 0 ? mlp_names[variant] : attention_names[variant],
+              us,
+              us - base);
+        }
+      }
+    }
   }
 #endif
   if (step_only)

@@ -10,12 +10,37 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 namespace orchard::ops::cuda {
 namespace {
 
 constexpr int kMaxGroup = 8; // query heads per kv head
 constexpr int kWarps = 4;    // a block's warps
+constexpr int kRound = 4;    // keys a warp reads at a time
 constexpr int kMaxDim = 256;
+
+// A lane's VEC values of a key or value as float32, in one load where
+// they are 16, 8 or 4 bytes (aligned: the row starts D values apart and
+// the lane VEC values into it).
+template <typename T, int VEC>
+__device__ inline void load_lane(const T* p, float (&out)[VEC]) {
+  constexpr int bytes = VEC * int(sizeof(T));
+  if constexpr (bytes == 16) {
+    unpack16<T>(*reinterpret_cast<const uint4*>(p), out);
+  } else if constexpr (bytes == 8 || bytes == 4) {
+    using Raw = std::conditional_t<bytes == 8, uint2, uint32_t>;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      out[e] = to_float(t[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      out[e] = to_float(p[e]);
+  }
+}
 
 // VEC = D / 32 values of each key for each lane.
 template <typename T, int VEC>
@@ -66,30 +91,65 @@ __global__ void decode_chunk_kernel(
     for (int e = 0; e < VEC; ++e)
       acc[g][e] = 0.f;
   }
+  // Each warp takes kRound consecutive keys at a time: their loads issued
+  // together, then the G x kRound dot products reduced together (the warp
+  // sums' shuffles interleaved), so a round waits for memory and for the
+  // shuffles once, not once a key: at a few hundred keys the kernel is
+  // all latency (bench/RESULTS.md, 2026-11-27 (late)).
   const int64_t base = (b * Hkv + hk) * capacity * D + lane * VEC;
-  for (int64_t j = lo + warp; j <= hi; j += kWarps) {
-    float kv[VEC], vv[VEC];
+  for (int64_t j0 = lo + warp * kRound; j0 <= hi; j0 += kWarps * kRound) {
+    float kv[kRound][VEC], vv[kRound][VEC];
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      kv[e] = to_float(cache_k[base + j * D + e]);
-      vv[e] = to_float(cache_v[base + j * D + e]);
+    for (int r = 0; r < kRound; ++r) {
+      const int64_t j = j0 + r <= hi ? j0 + r : hi; // past hi: masked below
+      load_lane<T, VEC>(cache_k + base + j * D, kv[r]);
+      load_lane<T, VEC>(cache_v + base + j * D, vv[r]);
     }
+    float s[kMaxGroup][kRound];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+      for (int r = 0; r < kRound; ++r) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          dot += qv[g][e] * kv[r][e];
+        s[g][r] = g < G ? dot : 0.f;
+      }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+        for (int r = 0; r < kRound; ++r)
+          if (g < G)
+            s[g][r] += __shfl_xor_sync(0xffffffffu, s[g][r], o);
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= G)
         break;
-      float dot = 0.f;
+      float mn = m[g];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e)
-        dot += qv[g][e] * kv[e];
-      const float s = warp_sum(dot) * scale;
-      const float mn = fmaxf(m[g], s);
-      const float keep = expf(m[g] - mn); // 0 for the first key
-      const float w = expf(s - mn);
-      l[g] = l[g] * keep + w;
+      for (int r = 0; r < kRound; ++r) {
+        s[g][r] = j0 + r <= hi ? s[g][r] * scale : -INFINITY;
+        mn = fmaxf(mn, s[g][r]);
+      }
+      const float keep = expf(m[g] - mn); // 0 for the first keys
+      float w[kRound];
+      l[g] *= keep;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e)
-        acc[g][e] = acc[g][e] * keep + w * vv[e];
+      for (int r = 0; r < kRound; ++r) {
+        w[r] = expf(s[g][r] - mn); // 0 past hi
+        l[g] += w[r];
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float a = acc[g][e] * keep;
+#pragma unroll
+        for (int r = 0; r < kRound; ++r)
+          a += w[r] * vv[r][e];
+        acc[g][e] = a;
+      }
       m[g] = mn;
     }
   }

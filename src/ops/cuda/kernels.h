@@ -83,7 +83,7 @@ int rotary_cache_write(
 // decode_attention_workspace(...) floats) a second kernel combines; a
 // chunk past pos[b] reads nothing. D a multiple of 32 up to 256, H / Hkv
 // at most 8.
-constexpr int64_t kDecodeChunk = 64;
+constexpr int64_t kDecodeChunk = 32;
 int64_t decode_attention_workspace(
     int64_t B,
     int64_t H,
