@@ -340,60 +340,6 @@ class LayerProjections {
     return ops::silu_mul(gu[0], gu[1]);
   }
 
-  // Decoding's residual stream (decode_batch): `stream.sum` is x, and
-  // either `stream.squares` (the kernels carry the norm's statistics from
-  // one product to the next: no kernel between them) or `pending`, the
-  // last sublayer's output, not yet added.
-  //
-  // The stacked product of norm(x) (first 0: q, k and v; first 4:
-  // silu(gate) * up), pending added first.
-  std::vector<torch::Tensor> normed(
-      ops::ResidualSum& stream,
-      torch::Tensor& pending,
-      HfRmsNorm& norm,
-      int first) const {
-    const auto& [w, b] = stacked_[size_t(first)];
-    if (stream.squares.defined() && w.defined()) {
-      auto y = ops::normed_linear(
-          stream, norm->weight, norm->eps, w, b, /*silu_mul_halves=*/first == 4);
-      if (first == 4)
-        return {y};
-      auto parts = y.split_with_sizes(
-          {ps_[0]->out_features, ps_[1]->out_features, ps_[2]->out_features},
-          1);
-      return std::vector<torch::Tensor>(parts.begin(), parts.end());
-    }
-    torch::Tensor h;
-    if (pending.defined())
-      std::tie(stream.sum, h) =
-          ops::add_rms_norm(stream.sum, pending, norm->weight, norm->eps);
-    else
-      h = norm(stream.sum);
-    pending = stream.squares = torch::Tensor();
-    if (first == 4)
-      return {swiglu(h)};
-    return (*this)(h, {0, 1, 2});
-  }
-
-  // x + the product k (3: o, 6: down) of y: one kernel that also writes
-  // the next norm's statistics where the product is a matrix-vector one
-  // (ops::linear_add); else the product, left pending.
-  void add(
-      ops::ResidualSum& stream,
-      torch::Tensor& pending,
-      const torch::Tensor& y,
-      int k) const {
-    const auto& p = *ps_[size_t(k)];
-    auto y2 = y.reshape({-1, y.size(-1)});
-    if (!fused_ && !p.has_lora() && !p.q4.defined() &&
-        ops::linear_is_matvec(y2, p.weight, p.bias)) {
-      stream = ops::linear_add(y2, p.weight, p.bias, stream.sum);
-      return;
-    }
-    stream.squares = torch::Tensor();
-    pending = (*this)(y2, {k})[0];
-  }
-
  private:
   std::array<ProjImpl*, 7> ps_{};
   std::array<std::pair<torch::Tensor, torch::Tensor>, 7> stacked_{};
@@ -570,28 +516,36 @@ torch::Tensor LlamaImpl::decode_batch(
   const int64_t B = idx.size(0);
   if (cache.k.empty())
     throw std::invalid_argument("[decode_batch] empty cache");
-  ops::ResidualSum stream{
-      F::embedding(idx.view({B}), model->embed_tokens->weight), {}};
-  torch::Tensor pending;
-  const auto [cos_all, sin_all] = rope_tables(stream.sum.scalar_type());
+  auto x = F::embedding(idx.view({B, 1}), model->embed_tokens->weight);
+  const auto [cos_all, sin_all] = rope_tables(x.scalar_type());
+  // Each sublayer's output is added to x by the norm after it (one kernel
+  // for the add and the norm on CUDA: ops::add_rms_norm).
+  torch::Tensor pending, h;
+  auto add_then_norm = [&](const torch::Tensor& out, HfRmsNorm& norm) {
+    std::tie(x, h) = ops::add_rms_norm(x, out, norm->weight, norm->eps);
+  };
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     auto* layer = model->layers[i]->as<LlamaLayerImpl>();
-    LayerProjections run(*layer, stream.sum.scalar_type(), is_training());
-    auto qkv = run.normed(stream, pending, layer->input_layernorm, 0);
+    LayerProjections run(*layer, x.scalar_type(), is_training());
+    if (pending.defined())
+      add_then_norm(pending, layer->input_layernorm);
+    else
+      h = layer->input_layernorm(x);
+    auto qkv = run(h, {0, 1, 2}); // each (B, heads * D)
     auto& ck = cache.k[size_t(i)];
     auto& cv = cache.v[size_t(i)];
     auto q = ops::rotary_cache_write(
         qkv[0], qkv[1], qkv[2], cos_all, sin_all, pos, ck, cv); // (B, H, 1, D)
     auto y = ops::decode_attention(
         q, ck, cv, pos, key_len, config.sliding_window.value_or(0));
-    run.add(stream, pending, y, 3);
-    auto act = run.normed(stream, pending, layer->post_attention_layernorm, 4);
-    run.add(stream, pending, act[0], 6);
+    add_then_norm(
+        run(y, {3})[0].view({B, 1, -1}), layer->post_attention_layernorm);
+    pending = run(run.swiglu(h), {6})[0].view({B, 1, -1});
   }
-  auto h = pending.defined()
-      ? std::get<1>(ops::add_rms_norm(
-            stream.sum, pending, model->norm->weight, model->norm->eps))
-      : model->norm(stream.sum);
+  if (pending.defined())
+    add_then_norm(pending, model->norm);
+  else
+    h = model->norm(x);
   auto h2 = h.view({B, -1});
   auto logits = lm_head.is_empty() ? ops::linear(h2, lm_weight()) : lm_head(h2);
   return logits.scalar_type() == torch::kFloat64 ? logits

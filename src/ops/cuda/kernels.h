@@ -178,49 +178,6 @@ int matvec_silu_mul(
     int64_t in,
     void* stream);
 
-// Decoding's residual stream in the products' kernels, so that no kernel
-// of its own stands between two products for the residual add and the
-// norm after it (matvec.cu).
-//
-// matvec_residual: sum (N, out) = T(residual + T(x W^T + bias)), the
-// residual (N, out) of type T, and squares[k] the sum of the squares of
-// block k's outputs: matvec_residual_squares(...) floats, which together
-// sum to the sum of sum's squares.
-int64_t matvec_residual_squares(Dtype dtype, int64_t out, int64_t in);
-int matvec_residual(
-    Dtype dtype,
-    const void* x,
-    const void* W,
-    const void* bias,
-    const void* residual,
-    void* sum,
-    float* squares,
-    int64_t N,
-    int64_t out,
-    int64_t in,
-    void* stream);
-
-// matvec (or, silu_mul_halves, matvec_silu_mul: y (N, out / 2)) of
-// rms_norm(s) = T(norm_w * T(s * rsqrt(sum(squares) / in + eps))), s (N,
-// in) and norm_w (in) of type T, squares the n_squares floats
-// matvec_residual wrote with s: rms_norm.cu's numbers up to the order of
-// the sum of squares.
-int matvec_normed(
-    Dtype dtype,
-    const void* s,
-    const float* squares,
-    int64_t n_squares,
-    const void* norm_w,
-    float eps,
-    const void* W,
-    const void* bias,
-    void* y,
-    int64_t N,
-    int64_t out,
-    int64_t in,
-    bool silu_mul_halves,
-    void* stream);
-
 // Training kernels with a backward (train_fused.cu; the ops in
 // src/ops/fused_train.cpp wrap them in autograd functions).
 //
