@@ -25,8 +25,8 @@
 #include "infer/decode_step.h"
 #include "infer/engine.h"
 #include "models/hf/model.h"
-#include "ops/kernel_call.h"
 #include "ops/attention.h"
+#include "ops/kernel_call.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rotary_cache.h"
@@ -268,8 +268,10 @@ int main(int argc, char** argv) {
     }
     auto cos = torch::randn({cap, D}, w_norm.options()),
          sin = torch::randn({cap, D}, w_norm.options());
-    auto pos_long = torch::full({1}, cap - 1, w_norm.options().dtype(torch::kInt64));
-    auto pos_short = torch::full({1}, 63, w_norm.options().dtype(torch::kInt64));
+    auto pos_long =
+        torch::full({1}, cap - 1, w_norm.options().dtype(torch::kInt64));
+    auto pos_short =
+        torch::full({1}, 63, w_norm.options().dtype(torch::kInt64));
     auto attention = [&](int variant) {
       auto x = x0;
       for (size_t l = 0; l < kinds[0].second.size(); ++l) {
@@ -277,10 +279,9 @@ int main(int argc, char** argv) {
         auto q = qkv.narrow(1, 0, H * D), k = qkv.narrow(1, H * D, Hkv * D),
              v = qkv.narrow(1, (H + Hkv) * D, Hkv * D);
         const auto& pos = variant == 2 ? pos_short : pos_long;
-        auto qr = variant == 1
-            ? q.view({1, H, 1, D})
-            : orchard::ops::rotary_cache_write(
-                  q, k, v, cos, sin, pos, ck[l], cv[l]);
+        auto qr = variant == 1 ? q.view({1, H, 1, D})
+                               : orchard::ops::rotary_cache_write(
+                                     q, k, v, cos, sin, pos, ck[l], cv[l]);
         auto y = orchard::ops::decode_attention(
             qr, ck[l], cv[l], pos, variant == 2 ? 64 : cap);
         x = orchard::ops::linear(y.reshape({1, -1}), kinds[1].second[l]);
@@ -317,9 +318,8 @@ int main(int argc, char** argv) {
       for (int half = 0; half < 2; ++half) {
         double base = 0;
         for (int variant = 0; variant < 3; ++variant) {
-          const double us = chain_us([&] {
-            half == 0 ? mlp(variant) : attention(variant);
-          });
+          const double us =
+              chain_us([&] { half == 0 ? mlp(variant) : attention(variant); });
           if (variant == 0)
             base = us;
           std::printf(
