@@ -186,33 +186,42 @@ int main(int argc, char** argv) {
       kinds[2].second.push_back(layer->mlp->gate_up_weight);
       kinds[3].second.push_back(layer->mlp->down_proj->weight);
     }
-    double all_bytes = 0, all_s = 0;
-    for (auto& [name, ws] : kinds) {
-      if (!ws[0].defined())
-        continue;
-      auto x = torch::randn({1, ws[0].size(1)}, ws[0].options());
+    // `passes` calls of fn captured in one CUDA graph (after a call
+    // outside it: workspaces, tables), the best of five replays in seconds.
+    auto graph_seconds = [&](const std::function<void()>& fn, int passes) {
       auto stream = c10::cuda::getStreamFromPool(false, dev.index());
       at::cuda::CUDAGraph graph;
       {
         c10::cuda::CUDAStreamGuard guard(stream);
-        for (auto& w : ws) // warm-up outside the capture
-          orchard::ops::linear(x, w);
+        fn();
         stream.synchronize();
         graph.capture_begin();
-        for (int pass = 0; pass < 20; ++pass)
-          for (auto& w : ws)
-            orchard::ops::linear(x, w);
+        for (int pass = 0; pass < passes; ++pass)
+          fn();
         graph.capture_end();
       }
       graph.replay();
       orchard::compat::synchronize(dev);
       double best = 1e9;
-      for (int r = 0; r < 5; ++r) {
+      for (int rep = 0; rep < 5; ++rep) {
         const double t0 = now_s();
         graph.replay();
         orchard::compat::synchronize(dev);
         best = std::min(best, now_s() - t0);
       }
+      return best;
+    };
+    double all_bytes = 0, all_s = 0;
+    for (auto& [name, ws] : kinds) {
+      if (!ws[0].defined())
+        continue;
+      auto x = torch::randn({1, ws[0].size(1)}, ws[0].options());
+      const double best = graph_seconds(
+          [&] {
+            for (auto& w : ws)
+              orchard::ops::linear(x, w);
+          },
+          20);
       double b = 0;
       for (auto& w : ws)
         b += double(w.numel()) * double(w.element_size()) * 20;
@@ -288,27 +297,8 @@ int main(int argc, char** argv) {
       }
     };
     auto chain_us = [&](const std::function<void()>& fn) {
-      auto stream = c10::cuda::getStreamFromPool(false, dev.index());
-      at::cuda::CUDAGraph graph;
-      {
-        c10::cuda::CUDAStreamGuard guard(stream);
-        fn();
-        stream.synchronize();
-        graph.capture_begin();
-        for (int pass = 0; pass < 10; ++pass)
-          fn();
-        graph.capture_end();
-      }
-      graph.replay();
-      orchard::compat::synchronize(dev);
-      double best = 1e9;
-      for (int rep = 0; rep < 5; ++rep) {
-        const double t0 = now_s();
-        graph.replay();
-        orchard::compat::synchronize(dev);
-        best = std::min(best, now_s() - t0);
-      }
-      return best / double(10 * kinds[0].second.size()) * 1e6;
+      return graph_seconds(fn, 10) / double(10 * kinds[0].second.size()) *
+          1e6;
     };
     if (kinds[0].second[0].defined() && kinds[2].second[0].defined()) {
       const char* mlp_names[] = {
