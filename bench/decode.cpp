@@ -266,7 +266,8 @@ int main(int argc, char** argv) {
     // The attention half likewise: qkv, rotary and the cache write,
     // attention over P + N keys (several chunks, then their combination),
     // o; then without the rotary kernel (q read from the product), then
-    // over 64 keys (one chunk: no combination kernel).
+    // over 32 keys (one chunk of decode_attention.cu's: no combination
+    // kernel).
     const auto& c = model->config;
     const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                   D = c.head_dim, cap = P + N;
@@ -280,7 +281,7 @@ int main(int argc, char** argv) {
     auto pos_long =
         torch::full({1}, cap - 1, w_norm.options().dtype(torch::kInt64));
     auto pos_short =
-        torch::full({1}, 63, w_norm.options().dtype(torch::kInt64));
+        torch::full({1}, 31, w_norm.options().dtype(torch::kInt64));
     auto attention = [&](int variant) {
       auto x = x0;
       for (size_t l = 0; l < kinds[0].second.size(); ++l) {
@@ -292,7 +293,7 @@ int main(int argc, char** argv) {
                                : orchard::ops::rotary_cache_write(
                                      q, k, v, cos, sin, pos, ck[l], cv[l]);
         auto y = orchard::ops::decode_attention(
-            qr, ck[l], cv[l], pos, variant == 2 ? 64 : cap);
+            qr, ck[l], cv[l], pos, variant == 2 ? 32 : cap);
         x = orchard::ops::linear(y.reshape({1, -1}), kinds[1].second[l]);
       }
     };
@@ -304,7 +305,7 @@ int main(int argc, char** argv) {
       const char* mlp_names[] = {
           "products only", "silu_mul apart", "add_rms_norm before"};
       const char* attention_names[] = {
-          "as in the step", "no rotary kernel", "64 keys (no combine)"};
+          "as in the step", "no rotary kernel", "32 keys (no combine)"};
       for (int half = 0; half < 2; ++half) {
         double base = 0;
         for (int variant = 0; variant < 3; ++variant) {
