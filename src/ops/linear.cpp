@@ -41,6 +41,48 @@ bool linear_is_matvec(
 #endif
 }
 
+#ifdef ORCHARD_CUDA_KERNELS
+namespace {
+
+// The matrix-vector kernel `launch` (cuda::matvec or its gated form) on x
+// and weight, writing `outputs` values a row.
+using MatvecKernel = int (*)(
+    cuda::Dtype,
+    const void*,
+    const void*,
+    const void*,
+    void*,
+    int64_t,
+    int64_t,
+    int64_t,
+    void*);
+torch::Tensor run_matvec(
+    MatvecKernel launch,
+    const char* op,
+    const torch::Tensor& x,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias,
+    int64_t outputs) {
+  const c10::cuda::CUDAGuard on_device(x.device());
+  auto y = torch::empty({x.size(0), outputs}, x.options());
+  kernel::check(
+      launch(
+          kernel::dtype_of(x),
+          x.data_ptr(),
+          weight.data_ptr(),
+          bias.defined() ? bias.data_ptr() : nullptr,
+          y.data_ptr(),
+          x.size(0),
+          outputs,
+          x.size(1),
+          kernel::stream_of(x)),
+      op);
+  return y;
+}
+
+} // namespace
+#endif
+
 torch::Tensor linear(
     const torch::Tensor& x,
     const torch::Tensor& weight,
@@ -49,23 +91,9 @@ torch::Tensor linear(
     return bias.defined() ? at::addmm(bias, x, weight.t())
                           : at::mm(x, weight.t());
 #ifdef ORCHARD_CUDA_KERNELS
-  const c10::cuda::CUDAGuard on_device(x.device());
-  auto y = torch::empty({x.size(0), weight.size(0)}, x.options());
-  kernel::check(
-      cuda::matvec(
-          kernel::dtype_of(x),
-          x.data_ptr(),
-          weight.data_ptr(),
-          bias.defined() ? bias.data_ptr() : nullptr,
-          y.data_ptr(),
-          x.size(0),
-          weight.size(0),
-          x.size(1),
-          kernel::stream_of(x)),
-      "linear");
-  return y;
+  return run_matvec(cuda::matvec, "linear", x, weight, bias, weight.size(0));
 #else
-  return at::mm(x, weight.t());
+  return at::mm(x, weight.t()); // linear_is_matvec is false without them
 #endif
 }
 
@@ -83,23 +111,10 @@ torch::Tensor linear_silu_mul(
     return silu_mul(gu.narrow(-1, 0, half), gu.narrow(-1, half, half));
   }
 #ifdef ORCHARD_CUDA_KERNELS
-  const c10::cuda::CUDAGuard on_device(x.device());
-  auto y = torch::empty({x.size(0), half}, x.options());
-  kernel::check(
-      cuda::matvec_silu_mul(
-          kernel::dtype_of(x),
-          x.data_ptr(),
-          weight.data_ptr(),
-          bias.defined() ? bias.data_ptr() : nullptr,
-          y.data_ptr(),
-          x.size(0),
-          half,
-          x.size(1),
-          kernel::stream_of(x)),
-      "linear_silu_mul");
-  return y;
+  return run_matvec(
+      cuda::matvec_silu_mul, "linear_silu_mul", x, weight, bias, half);
 #else
-  return torch::Tensor(); // linear_is_matvec is false without the kernels
+  return {}; // linear_is_matvec is false without the kernels
 #endif
 }
 

@@ -10,8 +10,6 @@
 
 #include <math.h>
 
-#include <type_traits>
-
 namespace orchard::ops::cuda {
 namespace {
 
@@ -19,28 +17,6 @@ constexpr int kMaxGroup = 8; // query heads per kv head
 constexpr int kWarps = 4;    // a block's warps
 constexpr int kRound = 4;    // keys a warp reads at a time
 constexpr int kMaxDim = 256;
-
-// A lane's VEC values of a key or value as float32, in one load where
-// they are 16, 8 or 4 bytes (aligned: the row starts D values apart and
-// the lane VEC values into it).
-template <typename T, int VEC>
-__device__ inline void load_lane(const T* p, float (&out)[VEC]) {
-  constexpr int bytes = VEC * int(sizeof(T));
-  if constexpr (bytes == 16) {
-    unpack16<T>(*reinterpret_cast<const uint4*>(p), out);
-  } else if constexpr (bytes == 8 || bytes == 4) {
-    using Raw = std::conditional_t<bytes == 8, uint2, uint32_t>;
-    const Raw raw = *reinterpret_cast<const Raw*>(p);
-    const T* t = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-      out[e] = to_float(t[e]);
-  } else {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-      out[e] = to_float(p[e]);
-  }
-}
 
 // VEC = D / 32 values of each key for each lane.
 template <typename T, int VEC>
@@ -101,9 +77,11 @@ __global__ void decode_chunk_kernel(
     float kv[kRound][VEC], vv[kRound][VEC];
 #pragma unroll
     for (int r = 0; r < kRound; ++r) {
-      const int64_t j = j0 + r <= hi ? j0 + r : hi; // past hi: masked below
-      load_lane<T, VEC>(cache_k + base + j * D, kv[r]);
-      load_lane<T, VEC>(cache_v + base + j * D, vv[r]);
+      // Past hi: masked below. A lane's VEC values start VEC apart, in
+      // rows D = 32 VEC apart: aligned for load_values' single load.
+      const int64_t j = j0 + r <= hi ? j0 + r : hi;
+      load_values<T, VEC>(cache_k + base + j * D, kv[r]);
+      load_values<T, VEC>(cache_v + base + j * D, vv[r]);
     }
     float s[kMaxGroup][kRound];
 #pragma unroll

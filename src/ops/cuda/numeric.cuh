@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 namespace orchard::ops::cuda {
 
 constexpr int kWarp = 32;
@@ -67,12 +69,20 @@ __device__ inline void unpack16(const uint4& raw, float* out) {
     out[e] = to_float(v[e]);
 }
 
-// V values of T from p as float32, in one 16-byte load where
-// V * sizeof(T) == 16 (p then 16-byte aligned).
+// V values of T from p as float32, in one load where V * sizeof(T) is 16,
+// 8 or 4 bytes (p then aligned to that many bytes), else one at a time.
 template <typename T, int V>
 __device__ inline void load_values(const T* p, float (&out)[V]) {
-  if constexpr (V * sizeof(T) == 16) {
+  constexpr int bytes = V * int(sizeof(T));
+  if constexpr (bytes == 16) {
     unpack16<T>(*reinterpret_cast<const uint4*>(p), out);
+  } else if constexpr (bytes == 8 || bytes == 4) {
+    using Raw = std::conditional_t<bytes == 8, uint2, uint32_t>;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      out[e] = to_float(t[e]);
   } else {
 #pragma unroll
     for (int e = 0; e < V; ++e)
