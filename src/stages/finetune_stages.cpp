@@ -67,7 +67,7 @@ class FinetuneStage : public Stage {
   }
 
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
-    const train::FinetuneConfig& cfg = section<train::FinetuneConfig>(settings);
+    train::FinetuneConfig cfg = section<train::FinetuneConfig>(settings);
     // Only config.json is read, so a 16 GB Mac can be planned anywhere; a
     // probe loads the weights.
     if (cfg.model.empty())
@@ -76,6 +76,7 @@ class FinetuneStage : public Stage {
           " plans for model=DIR: give the model folder (only its "
           "config.json is read).");
     const models::HfModelConfig mc = models::read_hf_config(cfg.model);
+    train::resolve_auto_precision(cfg, device, mc.dtype);
     const auto dtype = train::finetune_dtype(cfg, device);
     const train::FinetunePlan fp = train::plan_finetune(mc, cfg, dtype, device);
     const std::string dname = dtype_name(dtype);

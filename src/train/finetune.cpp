@@ -122,16 +122,21 @@ const config::Schema& finetune_schema() {
          .access = field(&C::optim),
          .help = "optimizer: adamw_torch (AdamW) or adamw_8bit (AdamW with "
                  "its two moments in 8 bits: 2 bytes a trained weight "
-                 "instead of 8; bitsandbytes' name, on every device)",
-         .choices = {"adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}});
+                 "instead of 8; bitsandbytes' name, on every device); auto: "
+                 "adamw_8bit where weights_dtype auto picks bfloat16, else "
+                 "adamw_torch",
+         .choices =
+             {"auto", "adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}});
     s.add(
         {.key = "weights_dtype",
          .access = field(&C::weights_dtype),
          .help = "full: float32 (a float32 copy of every weight, computing "
                  "under autocast) or bfloat16 (the weights held in bfloat16 "
                  "and updated with stochastic rounding: half the memory of "
-                 "weights and gradients)",
-         .choices = {"float32", "bfloat16"}});
+                 "weights and gradients); auto: bfloat16 for a checkpoint "
+                 "stored in bfloat16 on a GPU that computes bfloat16, else "
+                 "float32",
+         .choices = {"auto", "float32", "bfloat16"}});
     s.add(
         {.key = "adam_beta1",
          .access = field(&C::adam_beta1),
@@ -209,7 +214,43 @@ int64_t finetune_rows_per_step(const FinetuneConfig& cfg) {
   return rows;
 }
 
+std::string resolve_auto_precision(
+    FinetuneConfig& cfg,
+    const DeviceInfo& device,
+    std::optional<torch::ScalarType> stored) {
+  if (cfg.weights_dtype != "auto" && cfg.optim != "auto")
+    return "";
+  const bool weights_auto = cfg.weights_dtype == "auto";
+  if (weights_auto) {
+    const bool bf16 = cfg.stage != "lora" &&
+        stored == torch::kBFloat16 && computes_bfloat16_natively(device);
+    cfg.weights_dtype = bf16 ? "bfloat16" : "float32";
+  }
+  if (cfg.optim == "auto")
+    cfg.optim = cfg.weights_dtype == "bfloat16" ? "adamw_8bit" : "adamw_torch";
+  if (cfg.stage == "lora")
+    return "auto: LoRA's adapters are float32 with float32 moments";
+  if (cfg.weights_dtype == "float32")
+    return std::string("auto: float32 weights and moments (") +
+        (weights_auto && stored != torch::kBFloat16
+             ? "the checkpoint is stored in " +
+                 (stored ? dtype_name(*stored) : std::string("float32"))
+             : weights_auto ? device.kind + " does not compute bfloat16 natively"
+                            : "weights_dtype=float32 as set") +
+        ")";
+  return cfg.optim == "adamw_8bit"
+      ? "auto: the checkpoint is bfloat16 and " + device.kind +
+          " computes bfloat16, so bfloat16 weights and 8-bit AdamW moments, "
+          "as TRL's torch AdamW holds them in bfloat16 (weights_dtype=float32 "
+          "optim=adamw_torch for float32 weights and moments)"
+      : "auto: bfloat16 weights, as set, with " + cfg.optim;
+}
+
 torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg) {
+  if (cfg.weights_dtype == "auto" || cfg.optim == "auto")
+    throw std::logic_error(
+        "weights_dtype/optim auto reached training unresolved "
+        "(resolve_auto_precision)");
   if (cfg.weights_dtype == "float32")
     return torch::kFloat32;
   if (cfg.stage == "lora")
@@ -242,6 +283,9 @@ OptimizerOptions finetune_optimizer_options(const FinetuneConfig& cfg) {
   oo.adam_beta1 = cfg.adam_beta1;
   oo.adam_beta2 = cfg.adam_beta2;
   oo.adam_eps = cfg.adam_epsilon;
+  if (cfg.optim == "auto")
+    throw std::logic_error(
+        "optim=auto reached the optimizer unresolved (resolve_auto_precision)");
   oo.adam_8bit = cfg.optim == "adamw_8bit" || cfg.optim == "adamw_bnb_8bit";
   oo.seed = uint64_t(cfg.seed);
   return oo;
@@ -369,22 +413,24 @@ FinetuneProbe measure_finetune_peak(
 }
 
 TrainResult run_finetune(
-    const FinetuneConfig& cfg,
+    const FinetuneConfig& given,
     const config::Origins& origins,
     const DeviceInfo& device) {
   const torch::Device dev = device.device;
-  const bool lora = cfg.stage == "lora";
-  if (cfg.model.empty())
+  const bool lora = given.stage == "lora";
+  if (given.model.empty())
     throw UserError(
-        "stage=" + cfg.stage +
+        "stage=" + given.stage +
         " needs model=DIR, the folder of a Hugging Face model (config.json, "
         "*.safetensors, tokenizer.json).");
-  if (cfg.data.empty())
+  if (given.data.empty())
     throw UserError(
-        "stage=" + cfg.stage +
+        "stage=" + given.stage +
         " needs data=FILE (or a folder, or [a.jsonl, b.jsonl]): chat JSONL "
         "{\"messages\": [...]}, {\"prompt\", \"completion\"} or {\"text\"}.");
-  models::HfModelConfig mc = models::read_hf_config(cfg.model);
+  models::HfModelConfig mc = models::read_hf_config(given.model);
+  FinetuneConfig cfg = given;
+  const std::string auto_why = resolve_auto_precision(cfg, device, mc.dtype);
   const torch::ScalarType dtype = finetune_dtype(cfg, device);
   const Precision precision = finetune_precision(cfg, device, dtype);
   if (cfg.load_in_4bit && !lora)
@@ -596,6 +642,8 @@ TrainResult run_finetune(
                  " projection kinds)"
               : std::string(" (full)")));
     log("Precision: " + precision.name + " (" + precision.why + ")");
+    if (!auto_why.empty())
+      log("Weights and optimizer: " + auto_why);
     log("Memory estimate: " + format_mb(est.total()) + " (weights " +
         format_mb(est.weights) + ", trained weights + gradients + AdamW " +
         format_mb(est.trainable + est.gradients + est.optimizer) +

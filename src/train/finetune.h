@@ -71,11 +71,13 @@ struct FinetuneConfig : TrainingConfig {
 
   // lr (shared): auto = 2e-4 lora, 1e-5 full.
   // adamw_torch (float32 moments) or adamw_8bit (8-bit moments, a quarter
-  // of the memory; train/low_precision_state.h).
+  // of the memory; train/low_precision_state.h); auto: see
+  // resolve_auto_precision (stage=grpo's default).
   std::string optim = "adamw_torch";
   // full: float32 (a float32 copy of every weight, computing under
   // autocast) or bfloat16 (the weights themselves in bfloat16, updated
-  // with stochastic rounding: half the weights' and gradients' memory).
+  // with stochastic rounding: half the weights' and gradients' memory);
+  // auto: see resolve_auto_precision (stage=grpo's default).
   std::string weights_dtype = "float32";
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
 
@@ -155,8 +157,23 @@ FinetunePlan plan_finetune(
 // The plan as `orchard plan` prints it.
 std::string finetune_plan_table(const FinetunePlan& plan);
 
-// The dtype stage=full holds its weights in (FinetuneConfig::weights_dtype);
-// UserError for weights_dtype=bfloat16 with LoRA, whose base is `dtype`'s.
+// weights_dtype=auto and optim=auto, made concrete for `device` and the
+// dtype the model's weights are stored in (`stored`; nullopt for an Orchard
+// GPT, stored in float32). A full fine-tune of a bfloat16 checkpoint on a
+// GPU that computes bfloat16 holds its weights in bfloat16, as TRL and
+// transformers train such a model, and AdamW's moments in 8 bits (TRL's
+// torch AdamW keeps them in the weights' bfloat16: twice that); anything
+// else (LoRA, a float32 checkpoint, the CPU, MPS, older GPUs) trains float32
+// weights with float32 moments. Settings that are not auto are kept.
+// Returns why auto chose what it did ("" when nothing was auto).
+std::string resolve_auto_precision(
+    FinetuneConfig& cfg,
+    const DeviceInfo& device,
+    std::optional<torch::ScalarType> stored);
+
+// The dtype stage=full holds its weights in (FinetuneConfig::weights_dtype,
+// resolved); UserError for weights_dtype=bfloat16 with LoRA, whose base is
+// `dtype`'s.
 torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg);
 
 // stage=full's precision: autocast as dtype / fp16 / bf16 say, named for

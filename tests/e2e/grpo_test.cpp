@@ -279,6 +279,75 @@ TEST(GrpoCli, TheGuidesWordleRunFitsA16GbMacByThePlannersAccount) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
 }
 
+// A full fine-tune of a bfloat16 checkpoint on a GPU defaults to bfloat16
+// weights and 8-bit moments (weights_dtype=auto optim=auto); the plan counts
+// them, and says float32 where auto picks it: a Mac, LoRA, a float32
+// checkpoint. What is set stays as set.
+TEST(GrpoCli, AutoPrecisionHoldsABfloat16CheckpointInBfloat16OnAGpu) {
+  TempDir tmp;
+  auto config = [&](const std::string& dir, const std::string& dtype) {
+    tmp.write(
+        dir + "/config.json",
+        nlohmann::json{{"architectures", {"Qwen2ForCausalLM"}},
+                       {"model_type", "qwen2"},
+                       {"vocab_size", 151936},
+                       {"hidden_size", 896},
+                       {"intermediate_size", 4864},
+                       {"num_hidden_layers", 24},
+                       {"num_attention_heads", 14},
+                       {"num_key_value_heads", 2},
+                       {"max_position_embeddings", 32768},
+                       {"tie_word_embeddings", true},
+                       {"torch_dtype", dtype}}
+            .dump());
+    return tmp.file(dir);
+  };
+  const std::string bf16 = config("q05", "bfloat16");
+  const std::string fp32 = config("q05f", "float32");
+  auto plan = [&](const std::string& model,
+                  const std::string& device,
+                  std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "plan",
+        "stage=grpo",
+        "model=" + model,
+        "env=wordle",
+        "max_completion_length=128",
+        "per_device_train_batch_size=8",
+        "--assume-device",
+        device,
+        "--memory-gb",
+        "80",
+        "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_orchard(args);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  };
+  auto precision = [](const nlohmann::json& j) {
+    return j["weights_dtype"].get<std::string>() + " " +
+        j["optim"].get<std::string>();
+  };
+  const auto gpu = plan(bf16, "cuda", {"finetune=full"});
+  EXPECT_EQ(precision(gpu), "bfloat16 adamw_8bit");
+  EXPECT_EQ(precision(plan(bf16, "mps", {"finetune=full"})), "float32 adamw_torch");
+  EXPECT_EQ(precision(plan(bf16, "cpu", {"finetune=full"})), "float32 adamw_torch");
+  EXPECT_EQ(precision(plan(fp32, "cuda", {"finetune=full"})), "float32 adamw_torch");
+  EXPECT_EQ(precision(plan(bf16, "cuda", {"finetune=lora"})), "float32 adamw_torch");
+  EXPECT_EQ(
+      precision(plan(bf16, "cuda", {"finetune=full", "optim=adamw_torch"})),
+      "bfloat16 adamw_torch");
+  const auto set = plan(
+      bf16, "cuda", {"finetune=full", "weights_dtype=float32", "optim=adamw_torch"});
+  EXPECT_EQ(precision(set), "float32 adamw_torch");
+  // 494M trained weights: float32 weights, gradients and moments take 16
+  // bytes each, bfloat16 weights and gradients with 8-bit moments about 6.
+  const double saved = set["choice"]["total_bytes"].get<double>() -
+      gpu["choice"]["total_bytes"].get<double>();
+  EXPECT_GT(saved, 0.494e9 * 9.5);
+  EXPECT_LT(saved, 0.494e9 * 10.5);
+}
+
 } // namespace
 } // namespace orchard
 

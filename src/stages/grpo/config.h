@@ -13,6 +13,9 @@
 //   recipe is the same on every machine.
 // - learning_rate auto is TRL's 1e-6 for finetune=full and 1e-5 for LoRA
 //   (an adapter starts at zero; 1e-6 barely moves it in a short run).
+// - weights_dtype and optim default to auto: a full fine-tune of a
+//   bfloat16 checkpoint on a GPU holds its weights in bfloat16, as TRL
+//   does, but AdamW's moments in 8 bits rather than TRL's bfloat16.
 #pragma once
 
 #include "core/config.h"
@@ -33,6 +36,10 @@ struct GrpoConfig : train::FinetuneConfig {
     eval_every = 50;
     save_every = 50;
     device_batch_size.reset();
+    // A full fine-tune of a bfloat16 checkpoint on a GPU: bfloat16 weights
+    // and 8-bit AdamW moments (train::resolve_auto_precision).
+    weights_dtype = "auto";
+    optim = "auto";
   }
 
   // The policy: a Hugging Face folder (model=, from FinetuneConfig) or an

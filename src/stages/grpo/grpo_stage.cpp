@@ -40,13 +40,36 @@ using grpo::GrpoPlanRows;
 using grpo::plan_rows;
 using grpo::plan_table;
 
-void check_source(const GrpoConfig& cfg) {
-  if (cfg.model.empty() == cfg.checkpoint.empty())
+// `given` with weights_dtype and optim auto made concrete for the policy's
+// stored dtype on `device` (train::resolve_auto_precision); `why` gets the
+// reason. An Orchard GPT (checkpoint=) is stored in float32.
+GrpoConfig resolved(
+    const GrpoConfig& given,
+    const DeviceInfo& device,
+    std::string* why = nullptr) {
+  if (given.model.empty() == given.checkpoint.empty())
     throw UserError(
-        cfg.model.empty()
+        given.model.empty()
             ? "stage=grpo needs a policy: model=DIR (a Hugging Face folder) "
               "or checkpoint=RUN (an Orchard run, such as runs/sft/d4)."
             : "stage=grpo takes model=DIR or checkpoint=RUN, not both.");
+  GrpoConfig cfg = given;
+  train::FinetuneConfig ft = grpo::as_finetune(cfg);
+  const std::string reason = train::resolve_auto_precision(
+      ft,
+      device,
+      cfg.model.empty()
+          ? std::nullopt
+          : std::optional(models::read_hf_config(cfg.model).dtype));
+  cfg.weights_dtype = ft.weights_dtype;
+  cfg.optim = ft.optim;
+  if (why)
+    *why = reason;
+  return cfg;
+}
+
+// Settings that contradict each other or the policy (cfg resolved).
+void check_source(const GrpoConfig& cfg) {
   if (!cfg.checkpoint.empty() && finetune_kind(cfg) == "lora")
     throw UserError(
         "finetune=lora works on Hugging Face models (model=DIR); an Orchard "
@@ -223,7 +246,7 @@ class GrpoStage : public Stage {
   }
 
   Plan plan(const Settings& settings, const DeviceInfo& device) const override {
-    const GrpoConfig& cfg = section<GrpoConfig>(settings);
+    const GrpoConfig cfg = resolved(section<GrpoConfig>(settings), device);
     check_source(cfg);
     if (cfg.model.empty())
       throw UserError(
@@ -250,6 +273,8 @@ class GrpoStage : public Stage {
         {"architecture", mc.architecture},
         {"finetune", finetune_kind(cfg)},
         {"base_dtype", dtype_name(dtype)},
+        {"weights_dtype", cfg.weights_dtype},
+        {"optim", cfg.optim},
         {"load_in_4bit", cfg.load_in_4bit},
         {"generation_batch", gb},
         {"num_generations", cfg.num_generations},
@@ -301,12 +326,14 @@ class GrpoStage : public Stage {
 
  private:
   static train::TrainResult run(
-      const GrpoConfig& cfg,
+      const GrpoConfig& given,
       const config::Origins& origins,
       const DeviceInfo& device,
       int final_samples,
       std::vector<train::Sample>& samples_out) {
     using namespace train;
+    std::string auto_why;
+    const GrpoConfig cfg = resolved(given, device, &auto_why);
     check_source(cfg);
     const torch::Device dev = device.device;
     const bool lora = finetune_kind(cfg) == "lora";
@@ -383,8 +410,12 @@ class GrpoStage : public Stage {
     torch::manual_seed(uint64_t(cfg.seed));
     log("Loading the policy (" + std::string(lora ? "LoRA" : "full") +
         (lora && cfg.load_in_4bit ? ", 4-bit NF4 base" : "") + ", " +
-        dtype_name(lora ? dtype : torch::kFloat32) + " weights on " +
-        device.name + ")...");
+        dtype_name(
+            lora ? dtype
+                 : train::full_weights_dtype(grpo::as_finetune(cfg))) +
+        " weights on " + device.name + ")...");
+    if (!auto_why.empty())
+      log("Weights and optimizer: " + auto_why);
     LoadedPolicy pol = load_policy(cfg, device, dtype);
     result.parameters = pol.parameters;
     result.trainable_parameters = pol.trainable;
