@@ -123,8 +123,8 @@ const config::Schema& finetune_schema() {
          .help = "optimizer: adamw_torch (AdamW) or adamw_8bit (AdamW with "
                  "its two moments in 8 bits: 2 bytes a trained weight "
                  "instead of 8; bitsandbytes' name, on every device); auto: "
-                 "adamw_8bit where weights_dtype auto picks bfloat16, else "
-                 "adamw_torch",
+                 "adamw_8bit when the weights are bfloat16 (weights_dtype), "
+                 "else adamw_torch",
          .choices =
              {"auto", "adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}});
     s.add(
@@ -238,12 +238,15 @@ std::string resolve_auto_precision(
              : weights_auto ? device.kind + " does not compute bfloat16 natively"
                             : "weights_dtype=float32 as set") +
         ")";
-  return cfg.optim == "adamw_8bit"
+  const std::string moments = cfg.optim == "adamw_8bit"
+      ? "8-bit AdamW moments (TRL's torch AdamW holds them in bfloat16)"
+      : "float32 AdamW moments";
+  return weights_auto
       ? "auto: the checkpoint is bfloat16 and " + device.kind +
-          " computes bfloat16, so bfloat16 weights and 8-bit AdamW moments, "
-          "as TRL's torch AdamW holds them in bfloat16 (weights_dtype=float32 "
-          "optim=adamw_torch for float32 weights and moments)"
-      : "auto: bfloat16 weights, as set, with " + cfg.optim;
+          " computes bfloat16, so bfloat16 weights and " + moments +
+          "; weights_dtype=float32 optim=adamw_torch for float32 weights "
+          "and moments"
+      : "auto: bfloat16 weights as set, with " + moments;
 }
 
 torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg) {

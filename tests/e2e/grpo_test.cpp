@@ -337,6 +337,10 @@ TEST(GrpoCli, AutoPrecisionHoldsABfloat16CheckpointInBfloat16OnAGpu) {
   EXPECT_EQ(
       precision(plan(bf16, "cuda", {"finetune=full", "optim=adamw_torch"})),
       "bfloat16 adamw_torch");
+  // optim=auto follows the weights: 8-bit moments for bfloat16 ones.
+  EXPECT_EQ(
+      precision(plan(bf16, "mps", {"finetune=full", "weights_dtype=bfloat16"})),
+      "bfloat16 adamw_8bit");
   const auto set = plan(
       bf16, "cuda", {"finetune=full", "weights_dtype=float32", "optim=adamw_torch"});
   EXPECT_EQ(precision(set), "float32 adamw_torch");
