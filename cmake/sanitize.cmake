@@ -44,6 +44,11 @@ target_precompile_headers(orchard_reader_lib PRIVATE ${CMAKE_SOURCE_DIR}/src/cor
 orchard_skip_pch_without_torch(${ORCHARD_READER_SOURCES})
 set_source_files_properties(${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP} ${ORCHARD_TOKENIZERS_CPP}
   PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+orchard_unity(orchard_reader_lib) # as the main build (CMakeLists.txt)
+set_source_files_properties(
+  ${CMAKE_SOURCE_DIR}/src/core/version.cpp
+  ${ORCHARD_PRESETS_CPP} ${ORCHARD_WEB_CPP} ${ORCHARD_TOKENIZERS_CPP}
+  PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 
 enable_testing()
 find_package(GTest REQUIRED)
@@ -62,6 +67,7 @@ target_include_directories(orchard_fuzz_tests PRIVATE
   ${CMAKE_BINARY_DIR}/generated ${CMAKE_SOURCE_DIR}/tests)
 target_precompile_headers(orchard_fuzz_tests REUSE_FROM orchard_reader_lib)
 orchard_skip_pch_without_torch(${ORCHARD_FUZZ_SOURCES})
+orchard_unity(orchard_fuzz_tests)
 gtest_discover_tests(orchard_fuzz_tests
   WORKING_DIRECTORY ${CMAKE_BINARY_DIR} DISCOVERY_TIMEOUT 300
   PROPERTIES LABELS fuzz TIMEOUT 1200)

@@ -22,6 +22,9 @@
 
 namespace orchard::test {
 
+// The tiny Llama of tests/fixtures/hf (transformers' random weights).
+inline const std::string kLlama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
+
 // A device description for planning and policy tests: `kind` cuda, mps or
 // cpu, with a compute capability for CUDA (0: unknown).
 inline DeviceInfo device_of(const std::string& kind, int cc = 0) {
@@ -92,6 +95,11 @@ inline std::string utf8(uint32_t cp) {
     s += char(0x80 | (cp & 0x3f));
   }
   return s;
+}
+
+// Whether `part` occurs in `text` (messages the tests look for).
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 inline std::string read_text(const std::string& path) {

@@ -49,4 +49,11 @@ std::string auto_dtype_reason(const DeviceInfo& device);
 // Bytes per element of a floating-point dtype (8, 4 or 2).
 int dtype_bytes(c10::ScalarType type);
 
+// The dtype a loss or log-probability over a head's logits computes in:
+// float64 for float64 inputs (the tests' references), float32 for the rest.
+inline c10::ScalarType loss_arithmetic(c10::ScalarType input) {
+  return input == c10::ScalarType::Double ? c10::ScalarType::Double
+                                          : c10::ScalarType::Float;
+}
+
 } // namespace orchard

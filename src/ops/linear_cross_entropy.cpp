@@ -1,5 +1,6 @@
 #include "ops/linear_cross_entropy.h"
 
+#include "core/dtype.h"
 #include "core/torch_compat.h"
 #include "ops/kernel_call.h"
 
@@ -13,10 +14,6 @@
 
 namespace orchard::ops {
 namespace {
-
-torch::ScalarType arithmetic(const torch::Tensor& h) {
-  return h.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
 
 // Whether the chunks go through the CUDA kernel (cuda::
 // softcap_cross_entropy): h on a CUDA device in a dtype other than
@@ -92,7 +89,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     // In the head's own dtype (float32 master weights): what its .grad
     // holds.
     torch::Tensor dw = need_w ? torch::zeros_like(w) : torch::Tensor();
-    const auto acc = arithmetic(h);
+    const auto acc = loss_arithmetic(h.scalar_type());
     auto total = torch::zeros({}, h.options().dtype(acc));
     if (kernel_takes(h, targets)) {
       // The products in autocast's dtype (else the inputs' common one),
@@ -201,7 +198,7 @@ torch::Tensor linear_cross_entropy_reference(
     const torch::Tensor& w,
     const torch::Tensor& targets,
     double softcap) {
-  const auto compute = arithmetic(h);
+  const auto compute = loss_arithmetic(h.scalar_type());
   auto logits = torch::matmul(h.to(compute), w.to(compute).t()); // (N, V)
   if (softcap > 0)
     logits = softcap * torch::tanh(logits / softcap);

@@ -1,15 +1,13 @@
 #include "ops/linear_logprobs.h"
 
+#include "core/dtype.h"
+
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 
 namespace orchard::ops {
 namespace {
-
-torch::ScalarType arithmetic(const torch::Tensor& h) {
-  return h.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
 
 // One chunk's logits / t in the arithmetic dtype.
 torch::Tensor scaled_logits(
@@ -19,7 +17,7 @@ torch::Tensor scaled_logits(
   // Under autocast the product runs in its dtype; otherwise h (small) takes
   // the head's.
   auto z = at::mm(h.scalar_type() == w.scalar_type() ? h : h.to(w.scalar_type()), w.t())
-               .to(arithmetic(h));
+               .to(loss_arithmetic(h.scalar_type()));
   return temperature == 1.0 ? z : z.div_(temperature);
 }
 
@@ -32,7 +30,7 @@ struct LinearLogprobs : torch::autograd::Function<LinearLogprobs> {
       double temperature,
       int64_t chunk) {
     const int64_t rows = h.size(0);
-    auto out = torch::empty({rows}, h.options().dtype(arithmetic(h)));
+    auto out = torch::empty({rows}, h.options().dtype(loss_arithmetic(h.scalar_type())));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
       auto z = scaled_logits(h.narrow(0, r0, n), w, temperature);
@@ -54,7 +52,7 @@ struct LinearLogprobs : torch::autograd::Function<LinearLogprobs> {
     const double temperature = ctx->saved_data["temperature"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
-    auto g = grads[0].to(arithmetic(h)) / temperature; // (N)
+    auto g = grads[0].to(loss_arithmetic(h.scalar_type())) / temperature; // (N)
     torch::Tensor dh = need_h ? torch::empty_like(h) : torch::Tensor();
     // In the head's dtype: a float32 (V, C) would be a second head.
     torch::Tensor dw = need_w ? torch::zeros_like(w) : torch::Tensor();
@@ -100,7 +98,7 @@ torch::Tensor linear_logprobs_reference(
     const torch::Tensor& w,
     const torch::Tensor& targets,
     double temperature) {
-  const auto acc = arithmetic(h);
+  const auto acc = loss_arithmetic(h.scalar_type());
   auto z = torch::matmul(h.to(acc), w.to(acc).t()) / temperature;
   return z.log_softmax(-1).gather(1, targets.unsqueeze(1)).squeeze(1);
 }

@@ -11,9 +11,7 @@ namespace {
 
 using test::run_orchard;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 TEST(Cli, VersionAndHelp) {
   auto r = run_orchard({"--version"});

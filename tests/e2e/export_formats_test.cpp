@@ -24,9 +24,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace test;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 // Orchard's own GPT: no llama.cpp architecture, said clearly, and
 // `export hf` writes its weights and config instead.

@@ -35,9 +35,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace test;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 struct ArchCase {
   const char* fixture;

@@ -19,11 +19,9 @@ namespace fs = std::filesystem;
 using test::run_orchard;
 using test::TempDir;
 
-const std::string kLlama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
+using test::kLlama;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 std::string write_chats(const TempDir& dir) {
   const std::vector<std::pair<std::string, std::string>> words = {

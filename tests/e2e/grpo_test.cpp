@@ -27,11 +27,9 @@ namespace {
 using test::run_orchard;
 using test::TempDir;
 
-const std::string kLlama = std::string(ORCHARD_FIXTURES) + "/hf/llama";
+using test::kLlama;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 std::string write_sums(const TempDir& dir) {
   return dir.write("sums.jsonl", test::sums_jsonl());

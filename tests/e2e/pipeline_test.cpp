@@ -20,9 +20,7 @@ namespace fs = std::filesystem;
 using test::run_orchard;
 using test::TempDir;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 struct TinyPipeline {
   TempDir dir;

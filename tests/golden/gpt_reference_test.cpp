@@ -10,11 +10,11 @@
 //
 // Everything runs in float64 on the CPU, where the two implementations
 // differ only in the order of their roundings: at most 2e-15 is seen on
-// every check (kTol says why the tolerance is 1e-12). One float32 cast
+// every check (kGptTol says why the tolerance is 1e-12). One float32 cast
 // sits in Orchard's float64 path: the rotary tables are computed in
 // float64 but stored in float32 (GptImpl's rope_cos / rope_sin). The
 // reference rounds its tables the same way; with exact float64 tables
-// Orchard's logits move by 2e-8 and its gradients by 5e-8, which kTol
+// Orchard's logits move by 2e-8 and its gradients by 5e-8, which kGptTol
 // catches. Newton-Schulz, which Orchard runs in float32 (or bfloat16) when
 // it trains, is checked in float64 (tight) and in float32, as
 // OptimizerOptions::newton_schulz_dtype says and the reference mirrors.
@@ -37,7 +37,7 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kDir = std::string(ORCHARD_FIXTURES) + "/gpt_reference";
+const std::string kGptDir = std::string(ORCHARD_FIXTURES) + "/gpt_reference";
 
 // The float64 tolerance, on max |ours - reference| / max(1, max |ref|)
 // over a tensor (relative to the tensor's scale, absolute below 1);
@@ -46,7 +46,7 @@ const std::string kDir = std::string(ORCHARD_FIXTURES) + "/gpt_reference";
 // after 10 steps of AdamW or Muon). 1e-12 leaves three orders for another
 // libtorch's or BLAS's summation order, and is four orders below the
 // smallest real change tried (the rotary tables above, 2e-8).
-constexpr double kTol = 1e-12;
+constexpr double kGptTol = 1e-12;
 // Newton-Schulz in float32: the orthogonalised update carries float32
 // rounding from a BLAS other than the reference's, scaled by lr 0.02, over
 // 10 steps. Seen: 8e-8. A quintic coefficient off by 1e-4 moves the losses
@@ -60,7 +60,7 @@ using test::scaled_diff;
 
 const Reference& reference() {
   static const Reference ref = test::load_reference_fixture(
-      kDir + "/model.safetensors", kDir + "/reference.safetensors");
+      kGptDir + "/model.safetensors", kGptDir + "/reference.safetensors");
   return ref;
 }
 
@@ -125,9 +125,9 @@ TEST(GptReference, LogitsAndLossMatchPytorch) {
   ASSERT_EQ(logits.sizes(), ref.at("logits").sizes());
   Worst worst_logits("logits"), worst_loss("loss");
   EXPECT_LT(
-      worst_logits.see(scaled_diff(logits, ref.at("logits")), "logits"), kTol);
+      worst_logits.see(scaled_diff(logits, ref.at("logits")), "logits"), kGptTol);
   auto loss = model->loss(ref.at("input_ids"), ref.at("targets"));
-  EXPECT_LT(worst_loss.see(scaled_diff(loss, ref.at("loss")), "loss"), kTol)
+  EXPECT_LT(worst_loss.see(scaled_diff(loss, ref.at("loss")), "loss"), kGptTol)
       << loss.item<double>() << " vs " << ref.at("loss").item<double>();
   // The targets hold ignored positions, and the logits reach the cap's
   // bend (else a wrong cap or ignore_index could pass unseen).
@@ -147,7 +147,7 @@ TEST(GptReference, EveryGradientMatchesPytorch) {
     // Gradients are small (~1e-2): relative to their own largest entry.
     double scale = want.abs().max().item<double>();
     double diff = (p.value().grad() - want).abs().max().item<double>();
-    EXPECT_LT(worst.see(diff / scale, p.key()), kTol)
+    EXPECT_LT(worst.see(diff / scale, p.key()), kGptTol)
         << p.key() << " max diff " << diff;
   }
 }
@@ -223,11 +223,11 @@ void check_steps(const std::string& run, double tol) {
 }
 
 TEST(GptReference, TenAdamwStepsMatchPytorch) {
-  check_steps("adamw", kTol);
+  check_steps("adamw", kGptTol);
 }
 
 TEST(GptReference, TenMuonStepsMatchPytorch) {
-  check_steps("muon", kTol);
+  check_steps("muon", kGptTol);
 }
 
 TEST(GptReference, TenMuonStepsWithFloat32NewtonSchulzMatchPytorch) {

@@ -16,12 +16,12 @@
 namespace orchard::text::jinja {
 namespace {
 
-const std::string kDir = std::string(ORCHARD_FIXTURES) + "/chat_templates";
+const std::string kTemplateDir = std::string(ORCHARD_FIXTURES) + "/chat_templates";
 
 using Json = nlohmann::ordered_json; // key order matters to tojson
 
 Json reference() {
-  std::ifstream in(kDir + "/reference.json");
+  std::ifstream in(kTemplateDir + "/reference.json");
   return Json::parse(in);
 }
 
@@ -65,7 +65,7 @@ TEST(Jinja, RealChatTemplatesRenderAsJinja2Does) {
     const std::string name = c["template"];
     auto& t = templates[name];
     if (!t)
-      t = std::make_unique<Template>(read(kDir + "/" + name), name);
+      t = std::make_unique<Template>(read(kTemplateDir + "/" + name), name);
     const int conv = c["conversation"];
     Pairs ctx = {
         {"messages", from_json(ref["conversations"][conv])},

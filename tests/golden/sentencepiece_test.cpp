@@ -19,17 +19,17 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kDir = std::string(ORCHARD_FIXTURES) + "/tokenizers";
+const std::string kSentencePieceDir = std::string(ORCHARD_FIXTURES) + "/tokenizers";
 
 const json& reference() {
   static const json j =
-      json::parse(test::read_text(kDir + "/mistral_reference.json"));
+      json::parse(test::read_text(kSentencePieceDir + "/mistral_reference.json"));
   return j;
 }
 
 // The tokenizer.json rewritten as the reference script rewrites it.
 Tokenizer variant(const std::string& name, test::TempDir& dir) {
-  json j = json::parse(test::read_text(kDir + "/mistral/tokenizer.json"));
+  json j = json::parse(test::read_text(kSentencePieceDir + "/mistral/tokenizer.json"));
   const json& v = reference()["variants"][name];
   if (v["prepend_scheme"] != "legacy") {
     j["normalizer"] = nullptr;

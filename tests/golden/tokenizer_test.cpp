@@ -14,13 +14,13 @@
 namespace orchard::text {
 namespace {
 
-const std::string kDir = std::string(ORCHARD_FIXTURES) + "/tokenizers";
+const std::string kTokenizerDir = std::string(ORCHARD_FIXTURES) + "/tokenizers";
 
 const Tokenizer& tokenizer(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
   auto& t = cache[name];
   if (!t)
-    t = std::make_unique<Tokenizer>(load_tokenizer(kDir + "/" + name));
+    t = std::make_unique<Tokenizer>(load_tokenizer(kTokenizerDir + "/" + name));
   return *t;
 }
 
@@ -29,7 +29,7 @@ class Reference : public testing::TestWithParam<std::string> {};
 TEST_P(Reference, EncodesExactlyAsTiktoken) {
   const Tokenizer& tok = tokenizer(GetParam());
   auto ref = nlohmann::json::parse(
-      test::read_text(kDir + "/" + GetParam() + "_reference.json"));
+      test::read_text(kTokenizerDir + "/" + GetParam() + "_reference.json"));
   ASSERT_GE(ref["cases"].size(), 10u);
   for (const auto& c : ref["cases"]) {
     std::string text = c["text"];
@@ -62,7 +62,7 @@ TEST(Tokenizer, BuiltInGpt2IsTiktokens) {
   EXPECT_EQ(builtin.vocab_size(), 50257u);
   EXPECT_EQ(builtin.special_id("<|endoftext|>"), 50256u);
   auto ref =
-      nlohmann::json::parse(test::read_text(kDir + "/gpt2_reference.json"));
+      nlohmann::json::parse(test::read_text(kTokenizerDir + "/gpt2_reference.json"));
   for (const auto& c : ref["cases"]) {
     Allowed allowed =
         c.contains("allowed_special") ? Allowed::every() : Allowed::none();
@@ -249,7 +249,7 @@ TEST_P(HfRoundTrip, SameIdsAsTheRankFile) {
   // Every token but the 256 single bytes is a merge.
   EXPECT_EQ(j["model"]["merges"].size(), original.entries().size() - 256);
   auto ref = nlohmann::json::parse(
-      test::read_text(kDir + "/" + GetParam() + "_reference.json"));
+      test::read_text(kTokenizerDir + "/" + GetParam() + "_reference.json"));
   for (const auto& c : ref["cases"]) {
     std::string text = c["text"];
     Allowed allowed =

@@ -13,7 +13,7 @@
 // gradients through the earlier cycles every weight's would differ.
 //
 // Everything runs in float64 on the CPU; the two implementations differ
-// only in the order of their roundings (kTol says what was seen).
+// only in the order of their roundings (kTrmTol says what was seen).
 #include "models/trm.h"
 #include "reference_fixture.h"
 #include "stages/trm/recursion.h"
@@ -33,22 +33,22 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kDir = std::string(ORCHARD_FIXTURES) + "/trm_reference";
+const std::string kTrmDir = std::string(ORCHARD_FIXTURES) + "/trm_reference";
 
 // On max |ours - reference| / max(1, max |ref|) (gradients: relative to
 // their own largest entry). Seen: 5e-15 on libtorch 2.11 and 5e-14 on
 // 1.13 (the fixtures were made with PyTorch 2.11); gradients through the
 // earlier H-cycles move them by more than 1. The rotary tables are
 // float32-valued in both (as Orchard stores them).
-constexpr double kTol = 1e-11;
+constexpr double kTrmTol = 1e-11;
 
 using Reference = test::ReferenceFixture;
 using test::scaled_diff;
 
 Reference load_reference(const std::string& variant) {
   return test::load_reference_fixture(
-      kDir + "/" + variant + ".model.safetensors",
-      kDir + "/" + variant + ".reference.safetensors");
+      kTrmDir + "/" + variant + ".model.safetensors",
+      kTrmDir + "/" + variant + ".reference.safetensors");
 }
 
 double gradient_diff(const torch::Tensor& a, const torch::Tensor& want) {
@@ -130,26 +130,26 @@ void check_variant(const std::string& variant) {
     auto out = model->step(z_H, z_L, inputs, ids);
     const auto loss = trm::act_loss(out, labels).loss / double(B);
     ASSERT_EQ(loss.scalar_type(), torch::kFloat64);
-    EXPECT_LT(see(scaled_diff(loss, ref.at(s + ".loss")), s + ".loss"), kTol)
+    EXPECT_LT(see(scaled_diff(loss, ref.at(s + ".loss")), s + ".loss"), kTrmTol)
         << loss.item<double>() << " vs " << ref.at(s + ".loss").item<double>();
     loss.backward();
     if (k == 0) {
       EXPECT_LT(
-          see(scaled_diff(out.logits, ref.at("step0.logits")), "logits"), kTol);
+          see(scaled_diff(out.logits, ref.at("step0.logits")), "logits"), kTrmTol);
       EXPECT_LT(
-          see(scaled_diff(out.q_halt, ref.at("step0.q_halt")), "q_halt"), kTol);
+          see(scaled_diff(out.q_halt, ref.at("step0.q_halt")), "q_halt"), kTrmTol);
       EXPECT_LT(
           see(scaled_diff(out.q_continue, ref.at("step0.q_continue")),
               "q_continue"),
-          kTol);
-      EXPECT_LT(see(scaled_diff(out.z_H, ref.at("step0.z_H")), "z_H"), kTol);
-      EXPECT_LT(see(scaled_diff(out.z_L, ref.at("step0.z_L")), "z_L"), kTol);
+          kTrmTol);
+      EXPECT_LT(see(scaled_diff(out.z_H, ref.at("step0.z_H")), "z_H"), kTrmTol);
+      EXPECT_LT(see(scaled_diff(out.z_L, ref.at("step0.z_L")), "z_L"), kTrmTol);
       for (const auto& p : model->named_parameters()) {
         ASSERT_TRUE(p.value().grad().defined()) << p.key();
         const auto& want = ref.at("grad." + p.key());
         ASSERT_GT(want.abs().max().item<double>(), 0) << p.key();
         EXPECT_LT(
-            see(gradient_diff(p.value().grad(), want), "grad." + p.key()), kTol)
+            see(gradient_diff(p.value().grad(), want), "grad." + p.key()), kTrmTol)
             << p.key();
       }
     }
@@ -159,7 +159,7 @@ void check_variant(const std::string& variant) {
   }
   for (const auto& p : model->named_parameters()) {
     const auto& want = ref.at("final." + p.key());
-    EXPECT_LT(see(scaled_diff(p.value(), want), "final." + p.key()), kTol)
+    EXPECT_LT(see(scaled_diff(p.value(), want), "final." + p.key()), kTrmTol)
         << p.key();
     // Every weight moved (else a group left out of the update would pass).
     EXPECT_GT(scaled_diff(want, ref.weights.at(p.key())), 1e-4) << p.key();

@@ -38,13 +38,7 @@ const std::vector<torch::ScalarType> kDtypes = {
     torch::kBFloat16,
     torch::kFloat16};
 
-double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kCPU, torch::kFloat64) -
-          b.to(torch::kCPU, torch::kFloat64))
-      .abs()
-      .max()
-      .item<double>();
-}
+using test::max_diff;
 
 using test::relative_error;
 using test::ulp;

@@ -7,6 +7,7 @@
 #include "lora_test_util.h"
 #include "models/hf/model.h"
 #include "models/lora.h"
+#include "ops/op_test_util.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -16,12 +17,7 @@ namespace {
 
 const std::string kHf = std::string(ORCHARD_FIXTURES) + "/hf";
 
-double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64))
-      .abs()
-      .max()
-      .item<double>();
-}
+using test::max_diff;
 
 TEST(Nf4, LevelsAreTheSixteenAscendingFromMinusOneToOne) {
   const auto& l = ops::nf4_levels();

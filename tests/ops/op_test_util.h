@@ -21,6 +21,15 @@ inline double relative_error(
   return (g - w).norm().item<double>() / w.norm().item<double>();
 }
 
+// max |got - want|, in float64 on the CPU.
+inline double max_diff(const torch::Tensor& got, const torch::Tensor& want) {
+  return (got.to(torch::kCPU, torch::kFloat64) -
+          want.to(torch::kCPU, torch::kFloat64))
+      .abs()
+      .max()
+      .item<double>();
+}
+
 // One unit in the last place of the dtype at magnitude 1.
 inline double ulp(torch::ScalarType t) {
   return t == torch::kFloat32 ? 1.2e-7 : t == torch::kFloat16 ? 9.8e-4 : 7.9e-3;

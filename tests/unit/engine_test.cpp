@@ -12,12 +12,12 @@
 namespace orchard::infer {
 namespace {
 
-models::Gpt random_model() {
+models::Gpt engine_model() {
   return test::random_gpt(50, 40, 1, 11, 0.5);
 }
 
 TEST(Engine, GreedyWithCacheEqualsWithout) {
-  Engine e(random_model().ptr(), torch::kCPU);
+  Engine e(engine_model().ptr(), torch::kCPU);
   SamplingOptions greedy;
   greedy.temperature = 0;
   // 32: the engine reads tokens in chunks of 32; a whole number of chunks
@@ -35,7 +35,7 @@ TEST(Engine, GreedyWithCacheEqualsWithout) {
 // batched paths equal the recompute-everything reference, which applies
 // the penalty from the whole sequence on the CPU.
 TEST(Engine, RepetitionPenaltyAndMinPMatchTheReference) {
-  Engine e(random_model().ptr(), torch::kCPU);
+  Engine e(engine_model().ptr(), torch::kCPU);
   SamplingOptions o;
   o.repetition_penalty = 1.8;
   o.max_new_tokens = 20;
@@ -63,7 +63,7 @@ TEST(Engine, RepetitionPenaltyAndMinPMatchTheReference) {
 }
 
 TEST(Engine, SameSeedSameTokens) {
-  Engine e(random_model().ptr(), torch::kCPU);
+  Engine e(engine_model().ptr(), torch::kCPU);
   SamplingOptions s;
   s.temperature = 1.0;
   s.top_k = 0;
@@ -80,7 +80,7 @@ TEST(Engine, SameSeedSameTokens) {
 }
 
 TEST(Engine, StopsAtStopTokensAndMaxSeqLen) {
-  Engine e(random_model().ptr(), torch::kCPU);
+  Engine e(engine_model().ptr(), torch::kCPU);
   SamplingOptions greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = 100;
