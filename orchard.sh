@@ -152,7 +152,7 @@ cmd_build() {
       ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"}
   fi
   if [ ${#targets[@]} -gt 0 ]; then
-    say "Building ${targets[*]} (the first build takes 10-20 minutes on 2 cores)"
+    say "Building ${targets[*]} (the first build takes about 8 minutes on 2 cores)"
     cmake --build "$BUILD_DIR" -j "$(jobs)" --target "${targets[@]}"
   else
     say "Building"
@@ -229,7 +229,7 @@ cmd_test() {
 
 # The fuzz tests under AddressSanitizer and UndefinedBehaviorSanitizer: a
 # separate build of only the readers, the server and tests/fuzz (see
-# cmake/sanitize.cmake; about 7 minutes on 2 cores). A sanitizer report
+# cmake/sanitize.cmake; about 5 minutes on 2 cores). A sanitizer report
 # stops the run and names the input.
 cmd_fuzz() {
   local prefix="${ORCHARD_TORCH_PREFIX:-$(python_torch_prefix)}"
