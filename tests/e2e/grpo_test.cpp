@@ -173,6 +173,59 @@ TEST(GrpoCli, OutOfMemoryHalvesTheMicroBatchAndKeepsTheRollouts) {
         << k << " max diff " << (got.at(k) - t).abs().max().item<double>();
 }
 
+// weights_dtype and optim left at auto resume in the precision a run began
+// with (its config.yaml), not in what auto picks on this machine: a full
+// fine-tune begun with bfloat16 weights and 8-bit moments resumes so on the
+// CPU, where auto picks float32 and the 8-bit state would be refused.
+TEST(GrpoCli, AResumedRunKeepsThePrecisionItBeganWith) {
+  TempDir dir;
+  write_sums(dir);
+  auto args = [&](const std::string& run, int steps, bool set) {
+    std::vector<std::string> a;
+    for (const auto& x : grpo_args(dir, run))
+      if (x.rfind("lora.", 0) != 0 && x.rfind("max_steps=", 0) != 0)
+        a.push_back(x);
+    a.insert(a.begin() + 2, "finetune=full");
+    a.insert(a.begin() + 2, "max_steps=" + std::to_string(steps));
+    if (set) {
+      a.insert(a.begin() + 2, "weights_dtype=bfloat16");
+      a.insert(a.begin() + 2, "optim=adamw_8bit");
+    }
+    return a;
+  };
+  const std::map<std::string, std::string> env = {
+      {"ORCHARD_HOME", dir.file("home")}};
+  auto r = run_orchard(args("run", 2, true), env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "Loading the policy (full, bfloat16 weights"))
+      << r.out;
+  // Asked for float32 and AdamW by name, the resume is refused (and its
+  // config.yaml is rewritten: the checkpoint is what the next one reads).
+  auto asked = args("run", 3, false);
+  asked.insert(asked.begin() + 2, "weights_dtype=float32");
+  asked.insert(asked.begin() + 2, "optim=adamw_torch");
+  r = run_orchard(asked, env);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "is 8-bit (optim=adamw_8bit)")) << r.err;
+  r = run_orchard(args("run", 3, false), env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(
+      r.out,
+      "Weights and optimizer: as the run in " + dir.file("run") +
+          " began (weights_dtype=bfloat16 optim=adamw_8bit)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "Loading the policy (full, bfloat16 weights"))
+      << r.out;
+  ASSERT_FALSE(runs::list_checkpoints(dir.file("run")).empty());
+  EXPECT_EQ(runs::list_checkpoints(dir.file("run")).back().first, 3);
+  // A new run on the CPU: auto's float32.
+  r = run_orchard(args("fresh", 1, false), env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(
+      r.out, "Weights and optimizer: auto: float32 weights and moments"))
+      << r.out;
+}
+
 TEST(GrpoCli, BadSettingsAndADyingRewardProcessSayWhatAndKeepCheckpoints) {
   TempDir dir;
   write_sums(dir);
