@@ -16,8 +16,10 @@ torch::Tensor scaled_logits(
     double temperature) {
   // Under autocast the product runs in its dtype; otherwise h (small) takes
   // the head's.
-  auto z = at::mm(h.scalar_type() == w.scalar_type() ? h : h.to(w.scalar_type()), w.t())
-               .to(loss_arithmetic(h.scalar_type()));
+  auto z =
+      at::mm(
+          h.scalar_type() == w.scalar_type() ? h : h.to(w.scalar_type()), w.t())
+          .to(loss_arithmetic(h.scalar_type()));
   return temperature == 1.0 ? z : z.div_(temperature);
 }
 
@@ -30,7 +32,8 @@ struct LinearLogprobs : torch::autograd::Function<LinearLogprobs> {
       double temperature,
       int64_t chunk) {
     const int64_t rows = h.size(0);
-    auto out = torch::empty({rows}, h.options().dtype(loss_arithmetic(h.scalar_type())));
+    auto out = torch::empty(
+        {rows}, h.options().dtype(loss_arithmetic(h.scalar_type())));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
       auto z = scaled_logits(h.narrow(0, r0, n), w, temperature);

@@ -125,8 +125,8 @@ const config::Schema& finetune_schema() {
                  "instead of 8; bitsandbytes' name, on every device); auto: "
                  "adamw_8bit when the weights are bfloat16 (weights_dtype), "
                  "else adamw_torch",
-         .choices =
-             {"auto", "adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}});
+         .choices = {
+             "auto", "adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}});
     s.add(
         {.key = "weights_dtype",
          .access = field(&C::weights_dtype),
@@ -222,8 +222,8 @@ std::string resolve_auto_precision(
     return "";
   const bool weights_auto = cfg.weights_dtype == "auto";
   if (weights_auto) {
-    const bool bf16 = cfg.stage != "lora" &&
-        stored == torch::kBFloat16 && computes_bfloat16_natively(device);
+    const bool bf16 = cfg.stage != "lora" && stored == torch::kBFloat16 &&
+        computes_bfloat16_natively(device);
     cfg.weights_dtype = bf16 ? "bfloat16" : "float32";
   }
   if (cfg.optim == "auto")
@@ -235,18 +235,18 @@ std::string resolve_auto_precision(
         (weights_auto && stored != torch::kBFloat16
              ? "the checkpoint is stored in " +
                  (stored ? dtype_name(*stored) : std::string("float32"))
-             : weights_auto ? device.kind + " does not compute bfloat16 natively"
-                            : "weights_dtype=float32 as set") +
+             : weights_auto
+             ? device.kind + " does not compute bfloat16 natively"
+             : "weights_dtype=float32 as set") +
         ")";
   const std::string moments = cfg.optim == "adamw_8bit"
       ? "8-bit AdamW moments (TRL's torch AdamW holds them in bfloat16)"
       : "float32 AdamW moments";
-  return weights_auto
-      ? "auto: the checkpoint is bfloat16 and " + device.kind +
+  return weights_auto ? "auto: the checkpoint is bfloat16 and " + device.kind +
           " computes bfloat16, so bfloat16 weights and " + moments +
           "; weights_dtype=float32 optim=adamw_torch for float32 weights "
           "and moments"
-      : "auto: bfloat16 weights as set, with " + moments;
+                      : "auto: bfloat16 weights as set, with " + moments;
 }
 
 torch::ScalarType full_weights_dtype(const FinetuneConfig& cfg) {

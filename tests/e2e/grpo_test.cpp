@@ -339,17 +339,18 @@ TEST(GrpoCli, AutoPrecisionHoldsABfloat16CheckpointInBfloat16OnAGpu) {
   auto config = [&](const std::string& dir, const std::string& dtype) {
     tmp.write(
         dir + "/config.json",
-        nlohmann::json{{"architectures", {"Qwen2ForCausalLM"}},
-                       {"model_type", "qwen2"},
-                       {"vocab_size", 151936},
-                       {"hidden_size", 896},
-                       {"intermediate_size", 4864},
-                       {"num_hidden_layers", 24},
-                       {"num_attention_heads", 14},
-                       {"num_key_value_heads", 2},
-                       {"max_position_embeddings", 32768},
-                       {"tie_word_embeddings", true},
-                       {"torch_dtype", dtype}}
+        nlohmann::json{
+            {"architectures", {"Qwen2ForCausalLM"}},
+            {"model_type", "qwen2"},
+            {"vocab_size", 151936},
+            {"hidden_size", 896},
+            {"intermediate_size", 4864},
+            {"num_hidden_layers", 24},
+            {"num_attention_heads", 14},
+            {"num_key_value_heads", 2},
+            {"max_position_embeddings", 32768},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", dtype}}
             .dump());
     return tmp.file(dir);
   };
@@ -381,10 +382,14 @@ TEST(GrpoCli, AutoPrecisionHoldsABfloat16CheckpointInBfloat16OnAGpu) {
   };
   const auto gpu = plan(bf16, "cuda", {"finetune=full"});
   EXPECT_EQ(precision(gpu), "bfloat16 adamw_8bit");
-  EXPECT_EQ(precision(plan(bf16, "mps", {"finetune=full"})), "float32 adamw_torch");
-  EXPECT_EQ(precision(plan(bf16, "cpu", {"finetune=full"})), "float32 adamw_torch");
-  EXPECT_EQ(precision(plan(fp32, "cuda", {"finetune=full"})), "float32 adamw_torch");
-  EXPECT_EQ(precision(plan(bf16, "cuda", {"finetune=lora"})), "float32 adamw_torch");
+  EXPECT_EQ(
+      precision(plan(bf16, "mps", {"finetune=full"})), "float32 adamw_torch");
+  EXPECT_EQ(
+      precision(plan(bf16, "cpu", {"finetune=full"})), "float32 adamw_torch");
+  EXPECT_EQ(
+      precision(plan(fp32, "cuda", {"finetune=full"})), "float32 adamw_torch");
+  EXPECT_EQ(
+      precision(plan(bf16, "cuda", {"finetune=lora"})), "float32 adamw_torch");
   EXPECT_EQ(
       precision(plan(bf16, "cuda", {"finetune=full", "optim=adamw_torch"})),
       "bfloat16 adamw_torch");
@@ -393,7 +398,9 @@ TEST(GrpoCli, AutoPrecisionHoldsABfloat16CheckpointInBfloat16OnAGpu) {
       precision(plan(bf16, "mps", {"finetune=full", "weights_dtype=bfloat16"})),
       "bfloat16 adamw_8bit");
   const auto set = plan(
-      bf16, "cuda", {"finetune=full", "weights_dtype=float32", "optim=adamw_torch"});
+      bf16,
+      "cuda",
+      {"finetune=full", "weights_dtype=float32", "optim=adamw_torch"});
   EXPECT_EQ(precision(set), "float32 adamw_torch");
   // 494M trained weights: float32 weights, gradients and moments take 16
   // bytes each, bfloat16 weights and gradients with 8-bit moments about 6.

@@ -125,7 +125,8 @@ TEST(GptReference, LogitsAndLossMatchPytorch) {
   ASSERT_EQ(logits.sizes(), ref.at("logits").sizes());
   Worst worst_logits("logits"), worst_loss("loss");
   EXPECT_LT(
-      worst_logits.see(scaled_diff(logits, ref.at("logits")), "logits"), kGptTol);
+      worst_logits.see(scaled_diff(logits, ref.at("logits")), "logits"),
+      kGptTol);
   auto loss = model->loss(ref.at("input_ids"), ref.at("targets"));
   EXPECT_LT(worst_loss.see(scaled_diff(loss, ref.at("loss")), "loss"), kGptTol)
       << loss.item<double>() << " vs " << ref.at("loss").item<double>();

@@ -16,7 +16,8 @@
 namespace orchard::text::jinja {
 namespace {
 
-const std::string kTemplateDir = std::string(ORCHARD_FIXTURES) + "/chat_templates";
+const std::string kTemplateDir =
+    std::string(ORCHARD_FIXTURES) + "/chat_templates";
 
 using Json = nlohmann::ordered_json; // key order matters to tojson
 

@@ -19,17 +19,19 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kSentencePieceDir = std::string(ORCHARD_FIXTURES) + "/tokenizers";
+const std::string kSentencePieceDir =
+    std::string(ORCHARD_FIXTURES) + "/tokenizers";
 
 const json& reference() {
-  static const json j =
-      json::parse(test::read_text(kSentencePieceDir + "/mistral_reference.json"));
+  static const json j = json::parse(
+      test::read_text(kSentencePieceDir + "/mistral_reference.json"));
   return j;
 }
 
 // The tokenizer.json rewritten as the reference script rewrites it.
 Tokenizer variant(const std::string& name, test::TempDir& dir) {
-  json j = json::parse(test::read_text(kSentencePieceDir + "/mistral/tokenizer.json"));
+  json j = json::parse(
+      test::read_text(kSentencePieceDir + "/mistral/tokenizer.json"));
   const json& v = reference()["variants"][name];
   if (v["prepend_scheme"] != "legacy") {
     j["normalizer"] = nullptr;

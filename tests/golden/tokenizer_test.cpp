@@ -61,8 +61,8 @@ TEST(Tokenizer, BuiltInGpt2IsTiktokens) {
   std::filesystem::current_path(here);
   EXPECT_EQ(builtin.vocab_size(), 50257u);
   EXPECT_EQ(builtin.special_id("<|endoftext|>"), 50256u);
-  auto ref =
-      nlohmann::json::parse(test::read_text(kTokenizerDir + "/gpt2_reference.json"));
+  auto ref = nlohmann::json::parse(
+      test::read_text(kTokenizerDir + "/gpt2_reference.json"));
   for (const auto& c : ref["cases"]) {
     Allowed allowed =
         c.contains("allowed_special") ? Allowed::every() : Allowed::none();

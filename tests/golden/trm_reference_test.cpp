@@ -135,9 +135,11 @@ void check_variant(const std::string& variant) {
     loss.backward();
     if (k == 0) {
       EXPECT_LT(
-          see(scaled_diff(out.logits, ref.at("step0.logits")), "logits"), kTrmTol);
+          see(scaled_diff(out.logits, ref.at("step0.logits")), "logits"),
+          kTrmTol);
       EXPECT_LT(
-          see(scaled_diff(out.q_halt, ref.at("step0.q_halt")), "q_halt"), kTrmTol);
+          see(scaled_diff(out.q_halt, ref.at("step0.q_halt")), "q_halt"),
+          kTrmTol);
       EXPECT_LT(
           see(scaled_diff(out.q_continue, ref.at("step0.q_continue")),
               "q_continue"),
@@ -149,7 +151,8 @@ void check_variant(const std::string& variant) {
         const auto& want = ref.at("grad." + p.key());
         ASSERT_GT(want.abs().max().item<double>(), 0) << p.key();
         EXPECT_LT(
-            see(gradient_diff(p.value().grad(), want), "grad." + p.key()), kTrmTol)
+            see(gradient_diff(p.value().grad(), want), "grad." + p.key()),
+            kTrmTol)
             << p.key();
       }
     }

@@ -98,8 +98,7 @@ std::string adopt_run_precision(GrpoConfig& cfg, const std::string& run_dir) {
             {"adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}}}) {
     const auto it = saved.find(k.name);
     if (*k.value != "auto" || it == saved.end() ||
-        std::find(k.valid.begin(), k.valid.end(), it->second) ==
-            k.valid.end())
+        std::find(k.valid.begin(), k.valid.end(), it->second) == k.valid.end())
       continue;
     *k.value = it->second;
     taken += std::string(taken.empty() ? "" : " ") + k.name + "=" + it->second;
@@ -476,8 +475,7 @@ class GrpoStage : public Stage {
     log("Loading the policy (" + std::string(lora ? "LoRA" : "full") +
         (lora && cfg.load_in_4bit ? ", 4-bit NF4 base" : "") + ", " +
         dtype_name(
-            lora ? dtype
-                 : train::full_weights_dtype(grpo::as_finetune(cfg))) +
+            lora ? dtype : train::full_weights_dtype(grpo::as_finetune(cfg))) +
         " weights on " + device.name + ")...");
     if (!auto_why.empty())
       log("Weights and optimizer: " + auto_why);
