@@ -701,7 +701,7 @@ TEST(Distributed, TwoProcessesTrainTheLoraAdapterOneProcessTrains) {
 TEST(Distributed, KillingOneRankStopsTheOtherAndRelaunchResumesExactly) {
   REQUIRE_GLOO();
   Corpus c;
-  const int steps = 400;
+  const int steps = 200; // rank 1 dies near step 40: 160 steps to spare
   auto args = [&](const std::string& run) {
     return c.train(
         run, steps, {"save_every=20", "total_batch_size=512", "depth=2"});
