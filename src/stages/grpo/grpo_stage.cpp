@@ -18,13 +18,11 @@
 #include "stages/grpo/config.h"
 #include "stages/grpo/learner.h"
 #include "stages/grpo/plan.h"
+#include "stages/grpo/settings.h"
 #include "stages/samples.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
 
-#include <yaml-cpp/yaml.h>
-
-#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -36,107 +34,14 @@ namespace orchard::stages {
 namespace {
 
 namespace fs = std::filesystem;
-using grpo::GrpoConfig;
 using grpo::finetune_kind;
 using grpo::grpo_dtype;
+using grpo::grpo_run_dir;
+using grpo::GrpoConfig;
 using grpo::GrpoPlanRows;
 using grpo::plan_rows;
 using grpo::plan_table;
-
-// The run folder `cfg` trains in: run_dir=, or runs/grpo/<source>-<env>.
-std::string grpo_run_dir(const GrpoConfig& cfg) {
-  if (!cfg.run_dir.empty())
-    return cfg.run_dir;
-  const std::string source = cfg.model.empty() ? cfg.checkpoint : cfg.model;
-  fs::path sp = fs::path(source).lexically_normal();
-  if (sp.filename().empty())
-    sp = sp.parent_path();
-  return "runs/grpo/" +
-      (!cfg.run.empty() ? cfg.run : sp.filename().string() + "-" + cfg.env);
-}
-
-// weights_dtype and optim left at auto take what the run already in
-// `run_dir` began with, so a run resumes in its own precision where auto
-// would now choose otherwise (another device, or a run begun before auto
-// was the default). Its newest checkpoint's state.json says; a run
-// checkpointed before state.json carried them, its config.yaml. Returns
-// what was taken ("": nothing).
-std::string adopt_run_precision(GrpoConfig& cfg, const std::string& run_dir) {
-  if (run_dir.empty() || cfg.resume == "never" ||
-      (cfg.weights_dtype != "auto" && cfg.optim != "auto"))
-    return "";
-  const auto checkpoints = runs::list_checkpoints(run_dir);
-  if (checkpoints.empty())
-    return "";
-  std::map<std::string, std::string> saved;
-  std::ifstream state_file(checkpoints.back().second + "/state.json");
-  const nlohmann::json state =
-      nlohmann::json::parse(state_file, nullptr, false);
-  for (const char* key : {"weights_dtype", "optim"})
-    if (state.is_object() && state.contains(key) && state[key].is_string())
-      saved[key] = state[key].get<std::string>();
-  if (saved.empty()) {
-    try {
-      const YAML::Node yaml = YAML::LoadFile(run_dir + "/config.yaml");
-      for (const char* key : {"weights_dtype", "optim"})
-        if (yaml[key] && yaml[key].IsScalar())
-          saved[key] = yaml[key].as<std::string>();
-    } catch (const YAML::Exception&) {
-      // unreadable: auto decides, and the optimizer checks its state
-    }
-  }
-  struct Key {
-    const char* name;
-    std::string* value;
-    std::vector<std::string> valid;
-  };
-  std::string taken;
-  for (const Key& k :
-       {Key{"weights_dtype", &cfg.weights_dtype, {"float32", "bfloat16"}},
-        Key{"optim",
-            &cfg.optim,
-            {"adamw_torch", "adamw", "adamw_8bit", "adamw_bnb_8bit"}}}) {
-    const auto it = saved.find(k.name);
-    if (*k.value != "auto" || it == saved.end() ||
-        std::find(k.valid.begin(), k.valid.end(), it->second) == k.valid.end())
-      continue;
-    *k.value = it->second;
-    taken += std::string(taken.empty() ? "" : " ") + k.name + "=" + it->second;
-  }
-  return taken.empty() ? ""
-                       : "as the run in " + run_dir + " began (" + taken + ")";
-}
-
-// `given` with weights_dtype and optim auto made concrete: as the run in
-// `run_dir` began when it has checkpoints, else for the policy's stored
-// dtype on `device` (train::resolve_auto_precision); `why` gets the reason.
-// An Orchard GPT (checkpoint=) is stored in float32.
-GrpoConfig resolved(
-    const GrpoConfig& given,
-    const DeviceInfo& device,
-    std::string* why = nullptr,
-    const std::string& run_dir = "") {
-  if (given.model.empty() == given.checkpoint.empty())
-    throw UserError(
-        given.model.empty()
-            ? "stage=grpo needs a policy: model=DIR (a Hugging Face folder) "
-              "or checkpoint=RUN (an Orchard run, such as runs/sft/d4)."
-            : "stage=grpo takes model=DIR or checkpoint=RUN, not both.");
-  GrpoConfig cfg = given;
-  const std::string adopted = adopt_run_precision(cfg, run_dir);
-  train::FinetuneConfig ft = grpo::as_finetune(cfg);
-  std::string reason = train::resolve_auto_precision(
-      ft,
-      device,
-      cfg.model.empty()
-          ? std::nullopt
-          : std::optional(models::read_hf_config(cfg.model).dtype));
-  cfg.weights_dtype = ft.weights_dtype;
-  cfg.optim = ft.optim;
-  if (why)
-    *why = adopted.empty() ? reason : adopted;
-  return cfg;
-}
+using grpo::resolved;
 
 // Settings that contradict each other or the policy (cfg resolved).
 void check_source(const GrpoConfig& cfg) {
