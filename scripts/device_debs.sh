@@ -29,7 +29,7 @@ device_build() {
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$prefix${EXTRA_PREFIX:+;$EXTRA_PREFIX}" -DCMAKE_CUDA_ARCHITECTURES=90 ${DEVICE_CMAKE_ARGS:-} \
     > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-  cmake --build build-cuda -j16 --target "$@" > "$OUT/build.log" 2>&1 \
+  cmake --build build-cuda -j"$(nproc)" --target "$@" > "$OUT/build.log" 2>&1 \
     || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
   echo "build took $(( $(date +%s) - t0 )) s"
 }

@@ -21,6 +21,17 @@
 # PHASE=peer-accuracy: the PyTorch peer (torch.compile) given the same
 #   minutes (MINUTES), data, lr and warmup; raw and EMA weights evaluated
 #   at the end.
+# PHASE=side-by-side: on a two-GPU machine, `orchard train --preset
+#   trm-sudoku` on GPU 0 and the torch.compile peer on GPU 1 at the same
+#   time, each given SECS (1500) s of wall clock on the same data, lr and
+#   warmup, both evaluating 1,000 held-out puzzles (EMA and raw) every
+#   EVAL_EVERY (500) steps. Both start in their own sessions (setsid), so
+#   they outlive this call; then PHASE=collect calls, one after another
+#   within the machine's idle time, wait up to WAIT (570) s each and bring
+#   back the curves so far ($OUT/orchard_metrics.jsonl, $OUT/peer_curve.jsonl;
+#   copied every 15 s, so a call cut short still returns them).
+#   DATA=DIR uses a carried `orchard data sudoku` folder instead of
+#   generating one.
 # At most 8 files come back: logs go to /tmp/trm-logs and come back as
 # $OUT/logs.tgz; the fixtures as $OUT/trm_reference.tgz.
 set -uo pipefail
@@ -30,6 +41,23 @@ mkdir -p "$RESULT" "$OUT"
 trap 'tar czf "$RESULT/logs.tgz" -C "$OUT" .' EXIT
 export PYTHONUNBUFFERED=1
 status=0
+SBS=/tmp/trm-sbs
+collect_curves() {
+  cp $SBS/run/metrics.jsonl "$RESULT/orchard_metrics.jsonl" 2>/dev/null
+  grep -h '^{"peer"' $SBS/peer.log > "$RESULT/peer_curve.jsonl" 2>/dev/null
+  cp $SBS/orchard.log $SBS/peer.log "$OUT/" 2>/dev/null
+}
+if [ "${PHASE:-bench}" = collect ]; then
+  deadline=$(( $(date +%s) + ${WAIT:-570} ))
+  while [ "$(date +%s)" -lt $deadline ] && pgrep -f "trm_step.py|orchard train" > /dev/null; do
+    collect_curves; sleep 15
+  done
+  collect_curves
+  pgrep -fa "trm_step.py|orchard train" | cut -c1-80 || echo "both runs have ended"
+  grep -h "held-out" $SBS/orchard.log | tail -3
+  tail -3 "$RESULT/peer_curve.jsonl"
+  exit 0
+fi
 source scripts/device_debs.sh
 # SKIP_BUILD=1: use the build a previous call on this (still warm) machine
 # left, whatever the working tree holds now.
@@ -44,7 +72,7 @@ O=$PWD/build-cuda/orchard
 # DIFFICULTY=hard: the accuracy phases on hard puzzles (<= 25 givens, not
 # solved by singles) instead of easy ones.
 DIFF=${DIFFICULTY:-easy}
-D9=/tmp/trm-${DIFF}9
+D9=${DATA:-/tmp/trm-${DIFF}9}
 [ -f $D9/train.csv ] || $O data sudoku --size 9 --difficulty $DIFF --count 10000 --augment 8 --seed 1 --out $D9 | head -1
 # `orchard train --preset trm-sudoku` for STEPS steps: s/step from
 # metrics.jsonl after 15 warm-up steps.
@@ -111,6 +139,21 @@ accuracy)
     run_dir=$R > "$OUT/orchard_accuracy.log" 2>&1
   grep -E "^Batch|held-out" "$OUT/orchard_accuracy.log" | tail -20
   cp $R/metrics.jsonl "$RESULT/accuracy_metrics.jsonl"
+  ;;
+side-by-side)
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+  rm -rf $SBS; mkdir -p $SBS
+  SECS=${SECS:-1500}
+  CUDA_VISIBLE_DEVICES=0 setsid nohup timeout -s INT $SECS $O train --preset trm-sudoku data=$D9 \
+    num_iterations=100000 lr_warmup_steps=${WARMUP:-200} lr=${LR:-3e-4} eval_every=${EVAL_EVERY:-500} \
+    eval_size=1000 save_every=2000 run_dir=$SBS/run > $SBS/orchard.log 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=1 setsid nohup timeout -s INT $(( SECS + 120 )) python3 bench/peers/trm_step.py \
+    --data $D9 --compile --minutes $(python3 -c "print($SECS / 60)") --eval-every ${EVAL_EVERY:-500} \
+    --lr ${LR:-3e-4} --lr-warmup ${WARMUP:-200} > $SBS/peer.log 2>&1 < /dev/null &
+  sleep ${SETTLE:-45}
+  grep -E "^Batch|^Plan|step 1/|rror" $SBS/orchard.log | head; tail -3 $SBS/peer.log
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+  collect_curves
   ;;
 peer-accuracy)
   python3 bench/peers/trm_step.py --data $D9 --compile --minutes ${MINUTES:-9} --lr ${LR:-1e-4} --lr-warmup ${WARMUP:-500} \

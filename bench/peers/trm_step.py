@@ -16,8 +16,8 @@ with exploration 0.1. Upstream compiles the model (torch.compile): --compile
 does the same to the step's forward and loss.
 
   python3 bench/peers/trm_step.py --data DIR [--compile] [--steps 60]
-      [--warmup 15] [--batch 768] [--hidden 512] [--minutes M --eval N]
-      [--lr 1e-4] [--lr-warmup STEPS]
+      [--warmup 15] [--batch 768] [--hidden 512] [--minutes M --eval N
+      --eval-every STEPS] [--lr 1e-4] [--lr-warmup STEPS]
 
 DIR is an `orchard data sudoku` folder (train.csv / test.csv in
 Sudoku-Extreme's layout). Prints one JSON line: cells/s (global batch x 81
@@ -25,6 +25,10 @@ per step over the timed steps), s/step, peak memory. With --minutes it
 trains that long instead (compilation included) and evaluates the raw and
 the EMA weights (all halt_max_steps steps) on the first N held-out puzzles
 at the end, printing exact accuracy ("exact_raw", "exact" for the EMA).
+--eval-every STEPS also evaluates both every STEPS steps on the way, one
+JSON line each ("eval": step, "elapsed_s": seconds since the loop began,
+evaluations and compilation included, as Orchard's metrics.jsonl counts its
+own), so that the two accuracy curves can be set side by side.
 """
 import argparse
 import json
@@ -70,6 +74,7 @@ def main():
     ap.add_argument("--lr-warmup", type=int, default=0, help="steps of linear warmup (Orchard's lr_warmup_steps)")
     ap.add_argument("--minutes", type=float, default=0)
     ap.add_argument("--eval", type=int, default=1000)
+    ap.add_argument("--eval-every", type=int, default=0, help="with --minutes: evaluate every STEPS steps too")
     ap.add_argument("--trace", help="write a Chrome trace of one more step here")
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test of this script)")
     args = ap.parse_args()
@@ -173,32 +178,51 @@ def main():
 
     name = "torch.compile" if args.compile else "PyTorch eager"
     if args.minutes > 0:
+        test_in, test_lab = (t_.to(dev)[: args.eval] for t_ in read_csv(os.path.join(args.data, "test.csv")))
+
+        @torch.no_grad()
+        def held_out():
+            """(exact, cells) of the current weights, all halt_max_steps steps."""
+            right = cells = 0
+            for s in range(0, test_in.shape[0], B):
+                x, y = test_in[s : s + B], test_lab[s : s + B]
+                zh, zl = model.initial_carry(x.shape[0])
+                i0 = torch.zeros(x.shape[0], dtype=torch.long, device=dev)
+                for _ in range(c["halt_max_steps"]):
+                    zh, zl, logits, _, _ = model.step(zh, zl, x, i0)
+                hit = logits.argmax(-1) == y
+                right += hit.all(-1).sum().item()
+                cells += hit.sum().item()
+            n = test_in.shape[0]
+            return right / n, cells / (n * y.shape[1])
+
+        def evaluate(step, elapsed):
+            """Raw weights, then the EMA's (swapped in and back)."""
+            exact_raw, cells_raw = held_out()
+            raw = {k: w[k].detach().clone() for k in ema}
+            for k in ema:
+                w[k].data.copy_(ema[k])
+            exact, cells = held_out()
+            for k in ema:
+                w[k].data.copy_(raw[k])
+            return {"peer": name, "eval": step, "elapsed_s": round(elapsed, 1), "held_out": test_in.shape[0],
+                    "exact": exact, "cells": round(cells, 4), "exact_raw": exact_raw, "cells_raw": round(cells_raw, 4)}
+
         start = time.time()
         done = 0
         while time.time() - start < args.minutes * 60:
             one_step()
             done += 1
+            if args.eval_every > 0 and done % args.eval_every == 0:
+                sync()
+                print(json.dumps(evaluate(done, time.time() - start)), flush=True)
         sync()
         train_s = time.time() - start
-        test_in, test_lab = (t_.to(dev)[: args.eval] for t_ in read_csv(os.path.join(args.data, "test.csv")))
-
-        def held_out_exact():
-            right = 0
-            with torch.no_grad():
-                for s in range(0, test_in.shape[0], B):
-                    x, y = test_in[s : s + B], test_lab[s : s + B]
-                    zh, zl = model.initial_carry(x.shape[0])
-                    i0 = torch.zeros(x.shape[0], dtype=torch.long, device=dev)
-                    for _ in range(c["halt_max_steps"]):
-                        zh, zl, logits, _, _ = model.step(zh, zl, x, i0)
-                    right += (logits.argmax(-1) == y).all(-1).sum().item()
-            return right / test_in.shape[0]
-
-        exact_raw = held_out_exact()
-        for k in ema:
-            w[k].data.copy_(ema[k])
+        row = evaluate(done, train_s)
         print(json.dumps({"peer": name, "minutes": round(train_s / 60, 2), "steps": done,
-                          "held_out": test_in.shape[0], "exact": held_out_exact(), "exact_raw": exact_raw}))
+                          "held_out": row["held_out"], "exact": row["exact"], "exact_raw": row["exact_raw"],
+                          "cells": row["cells"], "cells_raw": row["cells_raw"],
+                          "gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu"}))
         return
     for _ in range(args.warmup):
         one_step()
