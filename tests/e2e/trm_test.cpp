@@ -547,9 +547,6 @@ TEST(TrmCli, TheChatVariantLearnsConversationsAndChats) {
   });
 }
 
-// The memory plan for the paper's model on simulated GPUs: the whole
-// global batch where it fits, the largest divisor of it that fits where
-// it does not, and a refusal with the fix where nothing does.
 // Seed 000's defaults: `orchard data chat` without --tokenizer uses GPT-2's
 // (built in, as the fork's `--tokenizer gpt2`), and the trm-chat preset
 // (the fork's cfg_chat, tokenizer=gpt2) trains and generates with nothing
@@ -606,16 +603,20 @@ TEST(TrmCli, TheChatVariantTakesGpt2ByDefault) {
   EXPECT_EQ(g.exit_code, 0) << g.out << g.err;
 }
 
+// The memory plan for the paper's model on simulated GPUs: the whole
+// global batch where it fits, the largest divisor of it that fits where
+// it does not, and a refusal with the fix where nothing does.
 TEST(TrmCli, PlanPicksTheLargestMicroBatchThatFits) {
   TempDir t;
   make_data(t.file("d9"), 20, 9, "easy");
-  auto plan = [&](const std::string& gb, bool json) {
+  auto plan = [&](const std::string& gb, bool json,
+                  const std::string& device = "cuda") {
     std::vector<std::string> args = {
         "plan",
         "--preset",
         "trm-sudoku",
         "--assume-device",
-        "cuda",
+        device,
         "--memory-gb",
         gb,
         "data=" + t.file("d9")};
@@ -623,13 +624,26 @@ TEST(TrmCli, PlanPicksTheLargestMicroBatchThatFits) {
       args.push_back("--json");
     return test::run_orchard(args, kEnv);
   };
-  auto choice = [&](const std::string& gb) {
-    auto r = plan(gb, true);
+  auto choice = [&](const std::string& gb,
+                    const std::string& device = "cuda") {
+    auto r = plan(gb, true, device);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return nlohmann::json::parse(r.out.substr(r.out.find('{')));
   };
   const auto big = choice("80");
   EXPECT_EQ(big["choice"]["batch"], 768);
+  // bfloat16 autocast on a CUDA GPU (as upstream); float32 on a Mac's GPU
+  // and the CPU, as every stage (docs/apple-silicon.md). float32 needs
+  // more memory a puzzle, so a 64 GB Mac takes the 768 puzzles in smaller
+  // micro-batches.
+  EXPECT_EQ(big["precision"], "bfloat16 autocast, float32 weights");
+  const auto mac = choice("64", "mps");
+  EXPECT_EQ(mac["precision"], "float32");
+  EXPECT_GT(mac["candidates"].back()["total_bytes"].get<double>(),
+            big["candidates"].back()["total_bytes"].get<double>());
+  EXPECT_LT(mac["choice"]["batch"].get<int64_t>(), 768);
+  EXPECT_EQ(768 % mac["choice"]["batch"].get<int64_t>(), 0);
+  EXPECT_EQ(choice("64", "cpu")["precision"], "float32");
   const auto small = choice("8");
   const int64_t b = small["choice"]["batch"];
   const double budget = small["budget_bytes"];

@@ -445,6 +445,7 @@ class TrmStage : public Stage {
         {"stage", "trm"},
         {"parameters", count_parameters(c)},
         {"global_batch_size", cfg.global_batch_size},
+        {"precision", precision.name},
         {"budget_bytes", p.budget.bytes},
         {"candidates", rows},
         {"choice",
