@@ -113,6 +113,18 @@ std::array<torch::Tensor, 3> CausalSelfAttentionImpl::qkv(
         y[1].view({B, T, n_kv_head, head_dim}),
         y[2].view({B, T, n_kv_head, head_dim})};
   }
+  const bool merge = merge_qkv_in_training &&
+      torch::GradMode::is_enabled() && c_q->weight.requires_grad();
+  if (merge && !c_q->has_lora() && !c_k->has_lora() && !c_v->has_lora() &&
+      !c_q->q4.defined() && !c_k->q4.defined() && !c_v->q4.defined()) {
+    auto w = torch::cat({c_q->weight, c_k->weight, c_v->weight}, 0);
+    auto y = torch::nn::functional::linear(x, w).split_with_sizes(
+        {n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim}, -1);
+    return {
+        y[0].view({B, T, n_head, head_dim}),
+        y[1].view({B, T, n_kv_head, head_dim}),
+        y[2].view({B, T, n_kv_head, head_dim})};
+  }
   return {
       c_q(x).view({B, T, n_head, head_dim}),
       c_k(x).view({B, T, n_kv_head, head_dim}),
@@ -325,6 +337,17 @@ torch::Tensor GptImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
         "max_seq_len " +
         std::to_string(config.max_seq_len) + ".");
   auto cos = rope_cos.narrow(0, start, T), sin = rope_sin.narrow(0, start, T);
+  // The tables in the dtype q and k will have, once for all the layers
+  // (apply_rotary's cast is then a no-op): autocast's where it is on for a
+  // float32 model, the weights' otherwise.
+  const torch::Tensor& w = blocks[0]->as<BlockImpl>()->attn->c_q->weight;
+  if (w.defined() && w.numel() > 0 && w.is_floating_point()) {
+    const auto rotary = w.scalar_type() == torch::kFloat32
+        ? compat::autocast_dtype(idx.device().type())
+        : w.scalar_type();
+    cos = cos.to(rotary);
+    sin = sin.to(rotary);
+  }
   if (cache && cache->k.empty()) {
     cache->k.resize(config.n_layer);
     cache->v.resize(config.n_layer);

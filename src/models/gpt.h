@@ -85,9 +85,15 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
       const torch::Tensor& pos,
       int64_t key_len);
   // q, k and v of x (B, T, C) as (B, T, heads, D): one product when
-  // prepare_inference() stacked their weights, three otherwise.
+  // prepare_inference() stacked their weights, or in training, where the
+  // three weights are concatenated for the step (one product forward, one
+  // for the input's gradient and one for the weights', instead of three
+  // each, and under autocast one cast of the input, not three); three
+  // products otherwise (adapters, quantized weights, decoding without
+  // gradients, or merge_qkv_in_training off).
   std::array<torch::Tensor, 3> qkv(const torch::Tensor& x);
   int64_t n_head, n_kv_head, head_dim;
+  bool merge_qkv_in_training = true;
   Proj c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
   torch::Tensor qkv_weight; // after prepare_inference(); c_q/k/v views of it
 };

@@ -268,51 +268,95 @@ TEST(Gpt, InitialisationFollowsTheSeed) {
 namespace orchard::models {
 namespace {
 
+// A model of config c in `dtype` whose zero-initialised layers (the
+// projections back to the residual, the head) get weights too.
+Gpt perturbed(const GptConfig& c, torch::ScalarType dtype) {
+  torch::manual_seed(11);
+  Gpt m(c);
+  m->to(dtype);
+  torch::NoGradGuard ng;
+  for (auto& p : m->parameters())
+    p.add_(torch::randn_like(p) * 0.1);
+  return m;
+}
+
+// A second model of config c holding `from`'s weights.
+Gpt twin(const Gpt& from, const GptConfig& c, torch::ScalarType dtype) {
+  Gpt m(c);
+  m->to(dtype);
+  torch::NoGradGuard ng;
+  auto a = from->parameters(), b = m->parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    b[i].copy_(a[i]);
+  return m;
+}
+
+// The loss of one batch, under bfloat16 autocast on the CPU or not, and
+// its backward.
+double loss_and_backward(
+    Gpt& m,
+    const torch::Tensor& x,
+    const torch::Tensor& y,
+    bool bf16) {
+  torch::Tensor loss;
+  {
+    compat::AutocastGuard g(
+        torch::kCPU, bf16 ? torch::kBFloat16 : torch::kFloat32);
+    loss = m->loss(x, y);
+  }
+  loss.backward();
+  return loss.item<double>();
+}
+
+// Every parameter of b has a gradient within tol of a's.
+void expect_same_gradients(const Gpt& a, const Gpt& b, double tol) {
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_TRUE(pb[i].value().grad().defined()) << pa[i].key();
+    EXPECT_TRUE(torch::allclose(
+        pa[i].value().grad(), pb[i].value().grad(), tol, tol))
+        << pa[i].key() << ": largest difference "
+        << (pa[i].value().grad() - pb[i].value().grad()).abs().max().item<double>();
+  }
+}
+
 // Checkpointed blocks give the same loss and the same gradient of every
 // parameter as the plain forward (float64: equal to rounding), also under
 // bfloat16 autocast, where the recomputation must re-enter autocast.
 TEST(Gpt, GradientCheckpointingGivesTheSameGradients) {
   for (bool bf16 : {false, true}) {
     auto c = tiny(1);
-    torch::manual_seed(11);
-    Gpt plain(c);
     auto dtype = bf16 ? torch::kFloat32 : torch::kFloat64;
-    plain->to(dtype);
-    {
-      torch::NoGradGuard ng; // the zero-initialised layers get weights too
-      for (auto& p : plain->parameters())
-        p.add_(torch::randn_like(p) * 0.1);
-    }
+    Gpt plain = perturbed(c, dtype);
     c.gradient_checkpointing = true;
-    Gpt ckpt(c);
-    ckpt->to(dtype);
-    {
-      torch::NoGradGuard ng;
-      auto a = plain->parameters(), b = ckpt->parameters();
-      for (size_t i = 0; i < a.size(); ++i)
-        b[i].copy_(a[i]);
-    }
+    Gpt ckpt = twin(plain, c, dtype);
     auto x = torch::randint(0, 11, {3, 8}), y = torch::randint(0, 11, {3, 8});
-    auto run = [&](Gpt& m) {
-      torch::Tensor loss;
-      {
-        compat::AutocastGuard g(
-            torch::kCPU, bf16 ? torch::kBFloat16 : torch::kFloat32);
-        loss = m->loss(x, y);
-      }
-      loss.backward();
-      return loss.item<double>();
-    };
-    double l1 = run(plain), l2 = run(ckpt);
+    double l1 = loss_and_backward(plain, x, y, bf16);
+    double l2 = loss_and_backward(ckpt, x, y, bf16);
     EXPECT_DOUBLE_EQ(l1, l2) << "bf16 " << bf16;
-    auto a = plain->named_parameters(), b = ckpt->named_parameters();
-    for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_TRUE(b[i].value().grad().defined()) << a[i].key();
-      double tol = bf16 ? 1e-6 : 1e-12;
-      EXPECT_TRUE(
-          torch::allclose(a[i].value().grad(), b[i].value().grad(), tol, tol))
-          << a[i].key() << " bf16 " << bf16;
-    }
+    expect_same_gradients(plain, ckpt, bf16 ? 1e-6 : 1e-12);
+  }
+}
+
+// In training q, k and v come from one product over the three weights
+// concatenated: the same loss and the same gradient of each of the three
+// (and of everything else) as three products, in float64 to rounding and
+// under bfloat16 autocast to bfloat16's rounding; with grouped-query
+// attention (2 query heads, 1 key/value head), so the three differ in
+// size.
+TEST(Gpt, OneQkvProductTrainsAsThreeProducts) {
+  for (bool bf16 : {false, true}) {
+    auto c = tiny(1);
+    auto dtype = bf16 ? torch::kFloat32 : torch::kFloat64;
+    Gpt merged = perturbed(c, dtype);
+    Gpt three = twin(merged, c, dtype);
+    for (auto& b : *three->blocks)
+      b->as<BlockImpl>()->attn->merge_qkv_in_training = false;
+    auto x = torch::randint(0, 11, {3, 8}), y = torch::randint(0, 11, {3, 8});
+    double l1 = loss_and_backward(merged, x, y, bf16);
+    double l2 = loss_and_backward(three, x, y, bf16);
+    EXPECT_NEAR(l1, l2, bf16 ? 1e-3 : 1e-12) << "bf16 " << bf16;
+    expect_same_gradients(merged, three, bf16 ? 2e-2 : 1e-12);
   }
 }
 
