@@ -79,7 +79,8 @@ class OverlappedAverager final : public GradientAverager {
     }
     if (sharded_) {
       torch::NoGradGuard no_grad;
-      for (const Slot& s : slots_)
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        const Slot& s = slots_[i];
         for (const Segment& g : s.segments)
           if (g.owner == rank()) {
             const bool whole = g.length == s.param.numel() && s.whole;
@@ -93,8 +94,16 @@ class OverlappedAverager final : public GradientAverager {
                        : s.param.detach().view({-1}).narrow(
                              0, g.begin, g.length)});
             piece_at_.push_back({s.bucket, g.offset});
+            piece_slot_.push_back(i);
           }
+      }
     }
+    if (!slots_.empty())
+      used_ = torch::ones(
+          {int64_t(slots_.size())},
+          torch::TensorOptions()
+              .dtype(torch::kFloat32)
+              .device(slots_.front().param.device()));
     for (size_t i = 0; i < slots_.size(); ++i) {
       torch::Tensor p = slots_[i].param;
       hooks_.push_back(
@@ -134,6 +143,8 @@ class OverlappedAverager final : public GradientAverager {
 
   void finish() override {
     torch::NoGradGuard no_grad;
+    // Parameters no micro-step of this rank reached (no gradient at all).
+    std::vector<int64_t> unused_here;
     {
       std::lock_guard<std::mutex> lock(mu_);
       // Parameters the backward did not reach: what earlier micro-steps
@@ -142,6 +153,8 @@ class OverlappedAverager final : public GradientAverager {
         if (!slots_[i].ready) {
           const Slot& s = slots_[i];
           const torch::Tensor& acc = s.param.grad();
+          if (!acc.defined())
+            unused_here.push_back(int64_t(i));
           for (const Segment& g : s.segments)
             if (acc.defined())
               in_bucket(s, g).copy_(
@@ -153,18 +166,51 @@ class OverlappedAverager final : public GradientAverager {
       launch_ready(/*in_backward=*/false);
       armed_ = false;
     }
+    // How many ranks gave each parameter a gradient, summed after the
+    // buckets (the same collective on every rank, in the same order).
+    c10::intrusive_ptr<c10d::Work> counted;
+    if (used_.defined()) {
+      used_.fill_(1.0);
+      if (!unused_here.empty())
+        used_.index_fill_(
+            0, torch::tensor(unused_here).to(used_.device()), 0.0);
+      detail::collective("averaging gradients", [&] {
+        std::vector<torch::Tensor> v = {used_};
+        counted = detail::group().allreduce(v);
+      });
+    }
     const double n = double(size());
     for (auto& b : buckets_) {
       detail::collective("averaging gradients", [&] { b.work->wait(); });
       if (!b.flat.is_cuda()) // Gloo sent the sum
         (sharded_ ? region(b, rank()) : b.flat).div_(n);
     }
+    if (counted)
+      detail::collective("averaging gradients", [&] { counted->wait(); });
+    // A parameter no rank gave a gradient keeps none, as in one process
+    // (the optimizer skips it; a zero gradient would still move it through
+    // weight decay and momentum). Only a rank that lacks one itself needs
+    // the counts, so only then are they read back.
+    std::vector<bool> unused(slots_.size(), false);
+    unused_ = 0;
+    if (!unused_here.empty()) {
+      const torch::Tensor counts = used_.to(torch::kCPU);
+      const float* c = counts.data_ptr<float>();
+      for (int64_t i : unused_here)
+        if (c[i] == 0) {
+          unused[size_t(i)] = true;
+          ++unused_;
+        }
+    }
     if (!sharded_) {
       // .grad becomes a view of the mean (no copy back); the gradient
       // autograd accumulated on its own is dropped.
-      for (auto& s : slots_)
-        s.param.mutable_grad() =
-            in_bucket(s, s.segments[0]).view(s.param.sizes());
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot& s = slots_[i];
+        s.param.mutable_grad() = unused[i]
+            ? torch::Tensor()
+            : in_bucket(s, s.segments[0]).view(s.param.sizes());
+      }
       return;
     }
     // Sharded: the mean exists only for this rank's pieces.
@@ -172,7 +218,9 @@ class OverlappedAverager final : public GradientAverager {
       s.param.mutable_grad() = torch::Tensor();
     for (size_t k = 0; k < pieces_.size(); ++k) {
       ShardPiece& p = pieces_[k];
-      p.value.mutable_grad() = piece_in_bucket(k).view(p.value.sizes());
+      p.value.mutable_grad() = unused[piece_slot_[k]]
+          ? torch::Tensor()
+          : piece_in_bucket(k).view(p.value.sizes());
     }
   }
 
@@ -236,6 +284,10 @@ class OverlappedAverager final : public GradientAverager {
         " of them sent while the backward ran; " + std::to_string(hooked_) +
         " of " + std::to_string(slots_.size()) +
         " gradients handed over by its hooks";
+    if (unused_ > 0)
+      out += "; " + std::to_string(unused_) +
+          " parameter(s) no process gave a gradient keep none (the optimizer "
+          "skips them, as in one process)";
     if (sharded_) {
       int whole = 0;
       for (const auto& p : pieces_)
@@ -416,8 +468,13 @@ class OverlappedAverager final : public GradientAverager {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<ShardPiece> pieces_;
-  // Each piece's bucket and offset in it.
+  // Each piece's bucket and offset in it, and its parameter's slot.
   std::vector<std::pair<size_t, int64_t>> piece_at_;
+  std::vector<size_t> piece_slot_;
+  // 1 where this rank gave the parameter a gradient, then the sum over the
+  // ranks; and how many no rank gave one in the last step.
+  torch::Tensor used_;
+  size_t unused_ = 0;
   std::vector<unsigned> hooks_;
   std::mutex mu_;
   bool armed_ = false;

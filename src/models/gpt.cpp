@@ -8,6 +8,7 @@
 #include "ops/rms_norm.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace orchard::models {
@@ -239,6 +240,11 @@ GptImpl::GptImpl(const GptConfig& c) : config(c) {
   auto angles = torch::outer(t, inv_freq); // (T, D/2)
   rope_cos = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
   rope_sin = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
+  // Tests only: a trained matrix the forward never uses (what several
+  // processes must leave as one process leaves it; distributed_test).
+  if (std::getenv("ORCHARD_TEST_UNUSED_PARAMETER") && c.n_layer > 0)
+    blocks[0]->as<BlockImpl>()->register_parameter(
+        "test_unused", torch::ones({4, 4}));
   for (int64_t i = 0; i < c.n_layer; ++i)
     block_fns_.push_back([this, i](const torch::Tensor& x) {
       const int64_t T = x.size(1);

@@ -116,12 +116,17 @@ double max_difference(
 TEST(Distributed, TwoGlooProcessesTrainWhatOneProcessTrains) {
   REQUIRE_GLOO();
   Corpus c;
-  auto one = test::run_orchard(c.train("one", 6), c.env);
+  // The model gets a trained matrix that no forward uses, and the blocks
+  // a weight decay: one process leaves that matrix as it was (it has no
+  // gradient, so the optimizer skips it), and so must two.
+  c.env["ORCHARD_TEST_UNUSED_PARAMETER"] = "1";
+  auto one = test::run_orchard(c.train("one", 6, {"weight_decay=0.1"}), c.env);
   ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
   EXPECT_NE(
       one.out.find("4 accumulation step(s), 256 tokens"), std::string::npos)
       << one.out;
-  auto two = test::run_orchard(c.launch(free_port(), c.train("two", 6)), c.env);
+  auto two = test::run_orchard(
+      c.launch(free_port(), c.train("two", 6, {"weight_decay=0.1"})), c.env);
   ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
   EXPECT_NE(
       two.out.find("2 accumulation step(s) on each of 2 processes"),
@@ -147,22 +152,31 @@ TEST(Distributed, TwoGlooProcessesTrainWhatOneProcessTrains) {
   ASSERT_TRUE(of != std::string::npos && from != std::string::npos);
   const int hooked = std::stoi(two.out.substr(from + 2));
   EXPECT_GT(hooked, 0) << two.out;
-  EXPECT_EQ(hooked, std::stoi(two.out.substr(of + 4))) << two.out;
+  EXPECT_EQ(hooked + 1, std::stoi(two.out.substr(of + 4))) << two.out;
+  EXPECT_NE(
+      two.out.find("1 parameter(s) no process gave a gradient keep none"),
+      std::string::npos)
+      << two.out;
 
   // Same data, same mean gradient: the weights agree to float rounding
   // (the sums run in another order). Two ranks reading the same data, or
   // gradients summed rather than averaged, move them by far more.
   auto w1 = c.weights("one", 6), w2 = c.weights("two", 6);
   EXPECT_LT(max_difference(w1, w2), 2e-4);
+  const auto ones = torch::ones({4, 4});
+  EXPECT_TRUE(torch::equal(w1.at("blocks.0.test_unused"), ones));
+  EXPECT_TRUE(torch::equal(w2.at("blocks.0.test_unused"), ones))
+      << w2.at("blocks.0.test_unused");
   // ... and they did train: far from the same run's first checkpoint.
-  auto start = test::run_orchard(c.train("short", 1), c.env);
+  auto start =
+      test::run_orchard(c.train("short", 1, {"weight_decay=0.1"}), c.env);
   ASSERT_EQ(start.exit_code, 0) << start.err;
   EXPECT_GT(max_difference(c.weights("short", 1), w2), 1e-2);
 
   // A control: one process with half the batch (what a rank alone sees)
   // ends elsewhere, so the tolerance above can tell.
-  auto half =
-      test::run_orchard(c.train("half", 6, {"total_batch_size=128"}), c.env);
+  auto half = test::run_orchard(
+      c.train("half", 6, {"total_batch_size=128", "weight_decay=0.1"}), c.env);
   ASSERT_EQ(half.exit_code, 0) << half.err;
   EXPECT_GT(max_difference(c.weights("half", 6), w2), 1e-3);
 }
