@@ -100,27 +100,28 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
   c_proj = register_module("c_proj", lin(c.n_embd, c.n_embd));
 }
 
+bool CausalSelfAttentionImpl::plain_qkv() const {
+  for (const auto* p : {&c_q, &c_k, &c_v})
+    if ((*p)->has_lora() || (*p)->q4.defined())
+      return false;
+  return true;
+}
+
 std::array<torch::Tensor, 3> CausalSelfAttentionImpl::qkv(
     const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  if (qkv_weight.defined()) {
-    auto y =
-        torch::nn::functional::linear(x, qkv_weight)
-            .split_with_sizes(
-                {n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim},
-                -1);
-    return {
-        y[0].view({B, T, n_head, head_dim}),
-        y[1].view({B, T, n_kv_head, head_dim}),
-        y[2].view({B, T, n_kv_head, head_dim})};
-  }
-  const bool merge = merge_qkv_in_training &&
-      torch::GradMode::is_enabled() && c_q->weight.requires_grad();
-  if (merge && !c_q->has_lora() && !c_k->has_lora() && !c_v->has_lora() &&
-      !c_q->q4.defined() && !c_k->q4.defined() && !c_v->q4.defined()) {
-    auto w = torch::cat({c_q->weight, c_k->weight, c_v->weight}, 0);
-    auto y = torch::nn::functional::linear(x, w).split_with_sizes(
-        {n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim}, -1);
+  torch::Tensor stacked = qkv_weight;
+  if (!stacked.defined() && merge_qkv_in_training &&
+      torch::GradMode::is_enabled() && c_q->weight.requires_grad() &&
+      plain_qkv())
+    stacked = torch::cat({c_q->weight, c_k->weight, c_v->weight}, 0);
+  if (stacked.defined()) {
+    auto y = torch::nn::functional::linear(x, stacked)
+                 .split_with_sizes(
+                     {n_head * head_dim,
+                      n_kv_head * head_dim,
+                      n_kv_head * head_dim},
+                     -1);
     return {
         y[0].view({B, T, n_head, head_dim}),
         y[1].view({B, T, n_kv_head, head_dim}),
@@ -284,12 +285,9 @@ int64_t GptImpl::prepare_inference() {
   torch::NoGradGuard no_grad;
   for (const auto& b : *blocks) {
     auto& a = *b->as<BlockImpl>()->attn;
-    std::array<ProjImpl*, 3> ps = {a.c_q.get(), a.c_k.get(), a.c_v.get()};
-    bool plain = true;
-    for (auto* p : ps)
-      plain = plain && !p->has_lora() && !p->q4.defined();
-    if (!plain)
+    if (!a.plain_qkv())
       continue;
+    std::array<ProjImpl*, 3> ps = {a.c_q.get(), a.c_k.get(), a.c_v.get()};
     a.qkv_weight = torch::cat(
         {ps[0]->weight.detach(),
          ps[1]->weight.detach(),

@@ -92,6 +92,8 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   // products otherwise (adapters, quantized weights, decoding without
   // gradients, or merge_qkv_in_training off).
   std::array<torch::Tensor, 3> qkv(const torch::Tensor& x);
+  // No adapters or 4-bit weights on c_q, c_k, c_v: they can be stacked.
+  bool plain_qkv() const;
   int64_t n_head, n_kv_head, head_dim;
   bool merge_qkv_in_training = true;
   Proj c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
