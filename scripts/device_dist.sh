@@ -19,6 +19,9 @@
 #   2b. The two-process run again with zero_stage=1: tokens/s and each
 #      rank's peak memory beside the unsharded run's. OPTIM=muon trains
 #      parts 2 and 2b with Muon (the default of base) instead of AdamW.
+# SMALL_EXTRA adds settings to part 1's runs (weight_decay=0.1 with
+# ORCHARD_TEST_UNUSED_PARAMETER=1: a parameter no rank gives a gradient
+# must keep its value on two processes as on one).
 # PARTS picks what runs (default "same trm zero zbench bench grpo", grpo
 # on CUDA only; "zero" is 1c, "zbench" 2b, "grpo" 3). NCCL_MAX_NCHANNELS etc. pass through.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
@@ -74,7 +77,7 @@ want() { [[ "$PARTS" == *" $1 "* ]]; }
 # 1. Same weights, one process against two.
 SMALL="train --device $DEV data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=2 max_seq_len=128
   total_batch_size=4096 device_batch_size=8 num_iterations=10 dtype=float32 eval_every=0
-  sample_every=0 save_every=0 eval_tokens=1024"
+  sample_every=0 save_every=0 eval_tokens=1024 ${SMALL_EXTRA:-}"
 same_weights() { # name, one-process run, two-process run
   $PY - "$1" $W/$2/checkpoints/step_000010/model.safetensors $W/$3/checkpoints/step_000010/model.safetensors <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
 import json, struct, sys

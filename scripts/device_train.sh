@@ -4,12 +4,13 @@
 # PHASE=bench (default): build; the GPT, loss, optimizer and kernel unit
 #   tests on the GPU; orchard_bench_train (d12, width 768, 16 x 1024, bf16:
 #   AdamW, Muon, Muon at the tokenizer's odd vocabulary 50,257); the real
-#   `orchard train` (Muon, the default; gpt2 tokenizer, generated text);
-#   one traced step's kernel summary; PEER=1: then torch.compile's AdamW
+#   `orchard train` (Muon, the default, then AdamW; TRAIN_OPTIMS picks;
+#   gpt2 tokenizer, generated text); a traced AdamW and Muon step's kernel
+#   summaries; PEER=1: then torch.compile's AdamW
 #   and Muon peers on the same machine.
 # PHASE=peers: the PyTorch peers (bench/peers/gpt_train_step.py): eager and
 #   torch.compile, AdamW and Muon; then d20 (width 1280, 8 x 1024) for
-#   Orchard and torch.compile.
+#   Orchard and torch.compile, Muon and AdamW (D20_OPTIMS picks).
 # PHASE=memgrid: bench/run_memory_grid.sh cuda (the planner's fit).
 # SKIP_BUILD=1: use the build a previous call on this warm machine left.
 # Results come back as $OUT/train_bench.txt and $OUT/logs.tgz.
@@ -39,8 +40,12 @@ bench)
   $B/orchard_bench_train $A 50304 16 1024 20 bf16 adamw 2>&1 | log
   $B/orchard_bench_train $A 50304 16 1024 20 bf16 muon 2>&1 | log
   $B/orchard_bench_train $A 50257 16 1024 20 bf16 muon 2>&1 | log
-  ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 50304 16 1024 5 bf16 muon > /dev/null 2>&1
-  python3 bench/trace_summary.py $OUT/step.json 30 2>&1 | log
+  for o in adamw muon; do
+    ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 50304 16 1024 5 bf16 $o > /dev/null 2>&1
+    echo "trace: $o" | log
+    python3 bench/trace_summary.py $OUT/step.json 30 2>&1 | log
+    rm -f $OUT/step.json
+  done
   # The real trainer: words of the system's list in random sentences.
   python3 - $W/corpus.txt <<'PY'
 import random, sys
@@ -50,18 +55,21 @@ with open(sys.argv[1], "w") as f:
     for _ in range(60000):
         f.write(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + ".\n\n")
 PY
-  rm -rf $W/run
-  $B/orchard train --device cuda "data_paths=[$W/corpus.txt]" tokenizer=gpt2 depth=12 max_seq_len=1024 \
-    total_batch_size=16384 device_batch_size=16 num_iterations=${STEPS:-60} eval_every=0 sample_every=0 \
-    save_every=0 eval_tokens=16384 run_dir=$W/run > "$OUT/orchard_train.log" 2>&1 || { status=1; tail -20 "$OUT/orchard_train.log"; }
-  grep -E "^Model|^Batch|^Memory|^Optimizer|^Precision|Peak" "$OUT/orchard_train.log" | head -8 | log
-  python3 - $W/run/metrics.jsonl <<'PY' | log
+  for o in ${TRAIN_OPTIMS:-muon adamw}; do
+    rm -rf $W/run
+    $B/orchard train --device cuda "data_paths=[$W/corpus.txt]" tokenizer=gpt2 depth=12 max_seq_len=1024 \
+      total_batch_size=16384 device_batch_size=16 num_iterations=${STEPS:-60} eval_every=0 sample_every=0 \
+      save_every=0 eval_tokens=16384 optimizer=$o run_dir=$W/run > "$OUT/orchard_train_$o.log" 2>&1 \
+      || { status=1; tail -20 "$OUT/orchard_train_$o.log"; }
+    grep -E "^Model|^Batch|^Memory|^Optimizer|^Precision|Peak" "$OUT/orchard_train_$o.log" | head -8 | log
+    python3 - $W/run/metrics.jsonl $o <<'PY' | log
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][10:]
 v = sorted(r["tokens_per_s"] for r in rows)
-print(json.dumps({"peer": "orchard train d12 muon", "steps": len(v), "median_tokens_per_s": round(v[len(v) // 2]),
+print(json.dumps({"peer": "orchard train d12 " + sys.argv[2], "steps": len(v), "median_tokens_per_s": round(v[len(v) // 2]),
                   "peak_memory_mb": max(r.get("peak_memory_mb", 0) for r in rows)}))
 PY
+  done
   if [ "${PEER:-0}" = 1 ]; then
     for m in "compile bf16 adamw" "compile bf16 muon"; do
       python3 bench/peers/gpt_train_step.py $A 50304 16 1024 20 $m 2>&1 | grep -E "^pytorch|Error" | log
@@ -75,8 +83,10 @@ peers)
     python3 $P $A $m 2>&1 | grep -E "^pytorch|Error" | log
   done
   A20="cuda 20 1280 10 50304 8 1024 15"
-  $B/orchard_bench_train $A20 bf16 muon 2>&1 | log
-  python3 $P $A20 compile bf16 muon 2>&1 | grep -E "^pytorch|Error" | log
+  for o in ${D20_OPTIMS:-muon adamw}; do
+    $B/orchard_bench_train $A20 bf16 $o 2>&1 | log
+    python3 $P $A20 compile bf16 $o 2>&1 | grep -E "^pytorch|Error" | log
+  done
   ;;
 memgrid)
   BUILD_DIR=$B bash bench/run_memory_grid.sh cuda > "$OUT/memory_grid_cuda.txt" 2>&1

@@ -5,11 +5,14 @@
 #include "models/checkpointing.h"
 #include "ops/attention.h"
 #include "ops/linear_cross_entropy.h"
+#include "ops/fused_train.h"
 #include "ops/rms_norm.h"
 
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 namespace orchard::models {
 
@@ -60,22 +63,19 @@ GptConfig resolve_gpt_config(
   return c;
 }
 
-torch::Tensor rms_norm(const torch::Tensor& x) {
-  double eps = x.scalar_type() == torch::kFloat64
+namespace {
+
+// PyTorch's rms_norm default: the dtype's machine epsilon.
+double norm_eps(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kFloat64
       ? std::numeric_limits<double>::epsilon()
       : std::numeric_limits<float>::epsilon();
-  return ops::rms_norm_unscaled(x, eps);
 }
 
-torch::Tensor apply_rotary(
-    const torch::Tensor& x,
-    const torch::Tensor& cos,
-    const torch::Tensor& sin) {
-  const int64_t d = x.size(-1) / 2;
-  auto x1 = x.narrow(-1, 0, d), x2 = x.narrow(-1, d, d);
-  auto c = cos.unsqueeze(0).unsqueeze(2).to(x.scalar_type()); // (1, T, 1, D/2)
-  auto s = sin.unsqueeze(0).unsqueeze(2).to(x.scalar_type());
-  return torch::cat({x1 * c + x2 * s, x2 * c - x1 * s}, -1);
+} // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x) {
+  return ops::rms_norm_unscaled(x, norm_eps(x));
 }
 
 namespace {
@@ -107,14 +107,19 @@ bool CausalSelfAttentionImpl::plain_qkv() const {
   return true;
 }
 
+torch::Tensor CausalSelfAttentionImpl::stacked_weight() const {
+  if (qkv_weight.defined())
+    return qkv_weight;
+  if (merge_qkv_in_training && torch::GradMode::is_enabled() &&
+      c_q->weight.requires_grad() && plain_qkv())
+    return torch::cat({c_q->weight, c_k->weight, c_v->weight}, 0);
+  return {};
+}
+
 std::array<torch::Tensor, 3> CausalSelfAttentionImpl::qkv(
     const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  torch::Tensor stacked = qkv_weight;
-  if (!stacked.defined() && merge_qkv_in_training &&
-      torch::GradMode::is_enabled() && c_q->weight.requires_grad() &&
-      plain_qkv())
-    stacked = torch::cat({c_q->weight, c_k->weight, c_v->weight}, 0);
+  const torch::Tensor stacked = stacked_weight();
   if (stacked.defined()) {
     auto y = torch::nn::functional::linear(x, stacked)
                  .split_with_sizes(
@@ -140,9 +145,23 @@ torch::Tensor CausalSelfAttentionImpl::forward(
     torch::Tensor* cache_k,
     torch::Tensor* cache_v) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto [q, k, v] = qkv(x); // (B, T, H or Hkv, D)
-  q = rms_norm(apply_rotary(q, cos, sin));
-  k = rms_norm(apply_rotary(k, cos, sin));
+  torch::Tensor q, k, v; // (B, T, H or Hkv, D), then (B, H or Hkv, T, D)
+  if (const auto stacked = stacked_weight(); stacked.defined()) {
+    // One product, then rotary, QK-norm and the split in one kernel on CUDA.
+    auto out = ops::rotary_norm_qkv(
+        torch::nn::functional::linear(x, stacked),
+        n_head,
+        n_kv_head,
+        cos,
+        sin,
+        norm_eps(x));
+    q = out[0], k = out[1], v = out[2];
+  } else {
+    auto out = qkv(x);
+    q = rms_norm(ops::apply_rotary(out[0], cos, sin));
+    k = rms_norm(ops::apply_rotary(out[1], cos, sin));
+    v = out[2];
+  }
   q = q.transpose(1, 2); // (B, H, T, D)
   k = k.transpose(1, 2); // (B, Hkv, T, D)
   v = v.transpose(1, 2);
@@ -201,10 +220,7 @@ MlpImpl::MlpImpl(const GptConfig& c) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  // r * r rather than square(): autocast runs pow in float32, which would
-  // write the (B, T, 4C) activation in float32 and cast it back.
-  auto r = torch::relu(c_fc(x));
-  return c_proj(r * r);
+  return c_proj(ops::relu_square(c_fc(x))); // one kernel each way on CUDA
 }
 
 BlockImpl::BlockImpl(const GptConfig& c) {
@@ -221,6 +237,23 @@ torch::Tensor BlockImpl::forward(
   x = x + attn(rms_norm(x), cos, sin, cache_k, cache_v);
   x = x + mlp(rms_norm(x));
   return x;
+}
+
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_normed(
+    const torch::Tensor& x,
+    const torch::Tensor& h,
+    const torch::Tensor& cos,
+    const torch::Tensor& sin,
+    torch::Tensor* cache_k,
+    torch::Tensor* cache_v,
+    torch::ScalarType next) {
+  const double eps = norm_eps(x);
+  const auto product = x.scalar_type() == torch::kFloat32
+      ? compat::autocast_dtype(x.device().type())
+      : x.scalar_type();
+  auto [mid, normed] = ops::residual_add_rms_norm(
+      x, attn(h, cos, sin, cache_k, cache_v), eps, product);
+  return ops::residual_add_rms_norm(mid, mlp(normed), eps, next);
 }
 
 GptImpl::GptImpl(const GptConfig& c) : config(c) {
@@ -359,15 +392,29 @@ torch::Tensor GptImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
   auto x = rms_norm(wte(idx)); // (B, T, C)
   const bool recompute = config.gradient_checkpointing && is_training() &&
       !cache && torch::GradMode::is_enabled();
+  if (recompute) {
+    for (int64_t i = 0; i < config.n_layer; ++i)
+      x = checkpointed(block_fns_[i], x);
+    return rms_norm(x);
+  }
+  // Each residual add with the norm after it (one kernel each way on
+  // CUDA); the norms the blocks' products read come out in the products'
+  // dtype (autocast's), the last, the head's input, in the stream's.
+  const auto stream = x.scalar_type();
+  const auto product = stream == torch::kFloat32
+      ? compat::autocast_dtype(idx.device().type())
+      : stream;
+  auto h = rms_norm(x);
   for (int64_t i = 0; i < config.n_layer; ++i)
-    x = recompute ? checkpointed(block_fns_[i], x)
-                  : blocks[i]->as<BlockImpl>()->forward(
-                        x,
-                        cos,
-                        sin,
-                        cache ? &cache->k[i] : nullptr,
-                        cache ? &cache->v[i] : nullptr);
-  return rms_norm(x);
+    std::tie(x, h) = blocks[i]->as<BlockImpl>()->forward_normed(
+        x,
+        h,
+        cos,
+        sin,
+        cache ? &cache->k[i] : nullptr,
+        cache ? &cache->v[i] : nullptr,
+        i + 1 < config.n_layer ? product : stream);
+  return h;
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& idx, KvCache* cache) {

@@ -24,6 +24,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orchard::models {
@@ -92,6 +93,9 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   // products otherwise (adapters, quantized weights, decoding without
   // gradients, or merge_qkv_in_training off).
   std::array<torch::Tensor, 3> qkv(const torch::Tensor& x);
+  // The stacked (c_q; c_k; c_v) weight where qkv() takes one product; an
+  // undefined tensor where it takes three.
+  torch::Tensor stacked_weight() const;
   // No adapters or 4-bit weights on c_q, c_k, c_v: they can be stacked.
   bool plain_qkv() const;
   int64_t n_head, n_kv_head, head_dim;
@@ -116,6 +120,18 @@ struct BlockImpl : torch::nn::Module {
       const torch::Tensor& sin,
       torch::Tensor* cache_k,
       torch::Tensor* cache_v);
+  // The same block on the stream x and h = rms_norm(x): returns the new
+  // stream and its norm in `next` (ops::residual_add_rms_norm: one kernel
+  // for each add and the norm after it). The same numbers as forward()
+  // followed by rms_norm.
+  std::pair<torch::Tensor, torch::Tensor> forward_normed(
+      const torch::Tensor& x,
+      const torch::Tensor& h,
+      const torch::Tensor& cos,
+      const torch::Tensor& sin,
+      torch::Tensor* cache_k,
+      torch::Tensor* cache_v,
+      torch::ScalarType next);
   CausalSelfAttention attn{nullptr};
   Mlp mlp{nullptr};
 };
@@ -182,12 +198,5 @@ TORCH_MODULE(Gpt);
 // (the dtype's machine epsilon); in float32 at least, the result in x's
 // dtype (ops::rms_norm_unscaled: libtorch's fused kernel on CUDA).
 torch::Tensor rms_norm(const torch::Tensor& x);
-
-// Rotates pairs (x[..., :D/2], x[..., D/2:]) by the position angles.
-// x: (B, T, H, D); cos/sin: (T, D/2).
-torch::Tensor apply_rotary(
-    const torch::Tensor& x,
-    const torch::Tensor& cos,
-    const torch::Tensor& sin);
 
 } // namespace orchard::models

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -95,6 +96,82 @@ TEST(FusedTrain, AddRmsNormOverAnyDimensionWithPadding) {
           return ops::add_rms_norm_unscaled(in[0], in[1], dim, 1e-5);
         },
         {torch::randn({3, 4, 5}, kF64), torch::randn({3, 4, 5}, kF64)});
+}
+
+TEST(FusedTrain, ReluSquareIsTheSquareOfThePositivePart) {
+  torch::manual_seed(5);
+  const auto u = torch::randn({4, 9}, kF64);
+  const auto want = torch::where(u > 0, u * u, torch::zeros_like(u));
+  EXPECT_LT((ops::relu_square(u) - want).abs().max().item<double>(), 1e-15);
+  // Away from 0, where the derivative jumps.
+  expect_gradients_match_differences(
+      [](const std::vector<torch::Tensor>& in) {
+        return ops::relu_square(in[0]);
+      },
+      {torch::randn({3, 7}, kF64) + 0.01 * torch::ones({3, 7}, kF64)});
+}
+
+TEST(FusedTrain, RotaryNormQkvRotatesAndNormsQAndKAndKeepsV) {
+  torch::manual_seed(6);
+  const int64_t B = 2, T = 3, H = 4, Hkv = 2, D = 6;
+  const auto qkv = torch::randn({B, T, (H + 2 * Hkv) * D}, kF64);
+  const auto angle = torch::rand({T, D / 2}, kF64) * 6.0;
+  const auto cos = torch::cos(angle), sin = torch::sin(angle);
+  const auto out = ops::rotary_norm_qkv(qkv, H, Hkv, cos, sin, 1e-6);
+  // By hand, one head at a time: rotate each pair (x[i], x[i + D/2]) by
+  // its position's angle, then divide by the root mean square.
+  const auto x = qkv.view({B, T, H + 2 * Hkv, D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H + 2 * Hkv; ++h) {
+        const auto head = x[b][t][h];
+        torch::Tensor want = head;
+        if (h < H + Hkv) {
+          const auto x1 = head.narrow(0, 0, D / 2), x2 = head.narrow(0, D / 2, D / 2);
+          const auto c = cos[t], s = sin[t];
+          const auto r = torch::cat({x1 * c + x2 * s, x2 * c - x1 * s});
+          want = r / torch::sqrt((r * r).mean() + 1e-6);
+        }
+        const auto got = h < H ? out[0][b][t][h]
+            : h < H + Hkv      ? out[1][b][t][h - H]
+                               : out[2][b][t][h - H - Hkv];
+        EXPECT_LT((got - want).abs().max().item<double>(), 1e-13) << h;
+      }
+  EXPECT_THROW(
+      ops::rotary_norm_qkv(qkv.narrow(2, 0, 40), H, Hkv, cos, sin, 1e-6),
+      c10::Error);
+  for (int64_t part = 0; part < 3; ++part)
+    expect_gradients_match_differences(
+        [&, part](const std::vector<torch::Tensor>& in) {
+          return ops::rotary_norm_qkv(in[0], H, Hkv, cos, sin, 1e-6)[part];
+        },
+        {torch::randn({1, T, (H + 2 * Hkv) * D}, kF64)});
+}
+
+TEST(FusedTrain, ResidualAddRmsNormReturnsTheSumAndItsNorm) {
+  torch::manual_seed(9);
+  const auto x = torch::randn({2, 3, 8}, kF64), b = torch::randn({2, 3, 8}, kF64);
+  const auto [s, y] = ops::residual_add_rms_norm(x, b, 1e-6);
+  EXPECT_LT((s - (x + b)).abs().max().item<double>(), 1e-15);
+  const auto want = (x + b) / torch::sqrt((x + b).square().mean(-1, true) + 1e-6);
+  EXPECT_LT((y - want).abs().max().item<double>(), 1e-13);
+  EXPECT_EQ(
+      ops::residual_add_rms_norm(x, b, 1e-6, torch::kFloat32).second.scalar_type(),
+      torch::kFloat32);
+  // Both outputs carry gradient back to both inputs.
+  for (int out = 0; out < 2; ++out)
+    expect_gradients_match_differences(
+        [out](const std::vector<torch::Tensor>& in) {
+          const auto r = ops::residual_add_rms_norm(in[0], in[1], 1e-6);
+          return out == 0 ? r.first : r.second;
+        },
+        {torch::randn({3, 5}, kF64), torch::randn({3, 5}, kF64)});
+  expect_gradients_match_differences(
+      [](const std::vector<torch::Tensor>& in) {
+        const auto [sum, normed] = ops::residual_add_rms_norm(in[0], in[1], 1e-6);
+        return sum * 0.3 + normed;
+      },
+      {torch::randn({3, 5}, kF64), torch::randn({3, 5}, kF64)});
 }
 
 // f on the inputs (in dtype, on dev), output and input gradients for a
@@ -216,5 +293,132 @@ TEST(FusedTrain, AddRmsNormKernelEqualsThePlainOpsWithGradients) {
     }
 }
 
+
+TEST(FusedTrain, ReluSquareKernelEqualsThePlainOpsWithGradients) {
+  REQUIRE_KERNELS(cuda);
+  torch::manual_seed(7);
+  const auto on = torch::TensorOptions().device(cuda);
+  // Vectorized rows, an odd count, and zeros where the derivative jumps.
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{16, 3072}, {37, 11}, {5}}) {
+      auto u = (torch::randn(shape, on) * 3).to(dtype);
+      u.view({-1}).narrow(0, 0, 1).zero_();
+      ASSERT_TRUE(ops::relu_square_is_fused(u));
+      const auto w = torch::randn(shape, on);
+      const auto fused = run(
+          [](const std::vector<torch::Tensor>& in) {
+            return ops::relu_square(in[0]);
+          },
+          {u},
+          w);
+      const auto plain = run(
+          [](const std::vector<torch::Tensor>& in) {
+            return ops::relu_square_reference(in[0]);
+          },
+          {u},
+          w);
+      EXPECT_EQ(fused.out.scalar_type(), dtype);
+      // The same roundings: equal to the bit.
+      EXPECT_EQ(relative_error(fused.out, plain.out), 0.0) << dtype;
+      EXPECT_EQ(relative_error(fused.grads[0], plain.grads[0]), 0.0) << dtype;
+    }
+  const auto nan = torch::full({8}, std::nan(""), on);
+  EXPECT_TRUE(ops::relu_square(nan).isnan().all().item<bool>());
+}
+
+TEST(FusedTrain, RotaryNormQkvKernelEqualsThePlainOpsWithGradients) {
+  REQUIRE_KERNELS(cuda);
+  torch::manual_seed(8);
+  const auto on = torch::TensorOptions().device(cuda);
+  struct Case {
+    int64_t B, T, H, Hkv, D;
+  };
+  // GPT d12's heads (6 of 128), grouped-query heads of 64, 192 and 256, an
+  // odd sequence length.
+  const std::vector<Case> cases = {
+      {2, 33, 6, 6, 128}, {3, 7, 4, 2, 64}, {1, 5, 2, 1, 192}, {2, 9, 3, 3, 256}};
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (const auto& c : cases) {
+      const auto qkv =
+          torch::randn({c.B, c.T, (c.H + 2 * c.Hkv) * c.D}, on).to(dtype);
+      const auto angle =
+          torch::arange(c.T, on).unsqueeze(1) * torch::rand({1, c.D / 2}, on);
+      const auto cos = torch::cos(angle).to(dtype), sin = torch::sin(angle).to(dtype);
+      ASSERT_TRUE(ops::rotary_norm_qkv_is_fused(qkv, c.H, c.Hkv, cos, sin));
+      for (int64_t part = 0; part < 3; ++part) {
+        const int64_t heads = part == 0 ? c.H : c.Hkv;
+        const auto w = torch::randn({c.B, c.T, heads, c.D}, on);
+        auto f = [&c, &cos, &sin, part](bool fused) {
+          return [&c, &cos, &sin, part, fused](const std::vector<torch::Tensor>& in) {
+            const double eps = 1e-6;
+            return (fused ? ops::rotary_norm_qkv(in[0], c.H, c.Hkv, cos, sin, eps)
+                          : ops::rotary_norm_qkv_reference(
+                                in[0], c.H, c.Hkv, cos, sin, eps))[part];
+          };
+        };
+        const auto got = run(f(true), {qkv}, w);
+        const auto want = run(f(false), {qkv}, w);
+        ASSERT_EQ(got.out.sizes(), want.out.sizes());
+        EXPECT_EQ(got.out.scalar_type(), dtype);
+        EXPECT_LT(relative_error(got.out, want.out), 2 * ulp(dtype))
+            << dtype << " D " << c.D << " part " << part;
+        // The backward reads the rounded outputs where the plain norm kept
+        // its float32 input: a few units in the last place.
+        EXPECT_LT(relative_error(got.grads[0], want.grads[0]), 8 * ulp(dtype))
+            << dtype << " D " << c.D << " part " << part;
+      }
+    }
+}
+
+TEST(FusedTrain, ResidualAddRmsNormKernelEqualsThePlainOpsWithGradients) {
+  REQUIRE_KERNELS(cuda);
+  torch::manual_seed(10);
+  const auto on = torch::TensorOptions().device(cuda);
+  struct Case {
+    torch::ScalarType residual, branch, out;
+  };
+  // Autocast's float32 stream with bfloat16 (and float16) blocks, the last
+  // norm kept in float32, and one dtype throughout.
+  const std::vector<Case> cases = {
+      {torch::kFloat32, torch::kBFloat16, torch::kBFloat16},
+      {torch::kFloat32, torch::kBFloat16, torch::kFloat32},
+      {torch::kFloat32, torch::kFloat16, torch::kFloat16},
+      {torch::kFloat32, torch::kFloat32, torch::kFloat32},
+      {torch::kBFloat16, torch::kBFloat16, torch::kBFloat16},
+      {torch::kFloat16, torch::kFloat16, torch::kFloat16}};
+  for (const auto& c : cases)
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{4, 17, 768}, {3, 128}, {2, 5, 1280}}) {
+      const auto x = (torch::randn(shape, on) * 2).to(c.residual);
+      const auto b = torch::randn(shape, on).to(c.branch);
+      ASSERT_TRUE(ops::residual_add_rms_norm_is_fused(x, b, c.out));
+      const auto ws = torch::randn(shape, on), wy = torch::randn(shape, on);
+      auto f = [&c, &ws](bool fused) {
+        return [&c, &ws, fused](const std::vector<torch::Tensor>& in) {
+          const auto [s, y] = fused
+              ? ops::residual_add_rms_norm(in[0], in[1], 1e-6, c.out)
+              : ops::residual_add_rms_norm_reference(in[0], in[1], 1e-6, c.out);
+          EXPECT_EQ(y.scalar_type(), c.out);
+          EXPECT_EQ(s.scalar_type(), c.residual);
+          // Both outputs in what run() weighs.
+          return y.to(torch::kFloat32) + s.to(torch::kFloat32) * ws;
+        };
+      };
+      const auto got = run(f(true), {x, b}, wy);
+      const auto want = run(f(false), {x, b}, wy);
+      const double tol = std::max(ulp(c.out), ulp(c.branch));
+      EXPECT_LT(relative_error(got.out, want.out), 2 * tol)
+          << c.residual << c.branch << c.out;
+      for (int k = 0; k < 2; ++k) {
+        EXPECT_EQ(got.grads[k].scalar_type(), k == 0 ? c.residual : c.branch);
+        EXPECT_LT(relative_error(got.grads[k], want.grads[k]), 8 * tol)
+            << c.residual << c.branch << c.out << " input " << k;
+      }
+    }
+  // 100 values a row: the plain ops.
+  const auto odd = torch::randn({3, 100}, on);
+  EXPECT_FALSE(ops::residual_add_rms_norm_is_fused(odd, odd, torch::kFloat32));
+}
 } // namespace
 } // namespace orchard

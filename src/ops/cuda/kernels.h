@@ -234,6 +234,112 @@ int rms_norm_unscaled_backward(
     int64_t count,
     void* stream);
 
+// The MLP's ReLU squared over n values of type T: y = T(r * r) with
+// r = relu(u) (NaN stays NaN, as torch::relu keeps it).
+int relu_square(Dtype dtype, const void* u, void* y, int64_t n, void* stream);
+
+// Its gradient as PyTorch's relu and product compute theirs from u:
+// du = 2 T(dy * u) where u > 0, else 0.
+int relu_square_backward(
+    Dtype dtype,
+    const void* u,
+    const void* dy,
+    void* du,
+    int64_t n,
+    void* stream);
+
+// Attention's q, k and v from one stacked product: qkv holds `tokens` rows
+// of (H + 2 Hkv) heads of D values (q's heads, then k's, then v's),
+// contiguous; token t is at position t % T of the tables cos and sin (T,
+// D/2). q and k heads are rotated, o1 = T(T(x1 c) + T(x2 s)) and
+// o2 = T(T(x2 c) - T(x1 s)) for the halves x1 = x[:D/2], x2 = x[D/2:], then
+// normed, y = T(o * rstd) with rstd = rsqrt(mean(o^2) + eps) in float32;
+// v heads are copied. Writes q (tokens, H, D), k and v (tokens, Hkv, D)
+// and rstd (tokens * H for q, then tokens * Hkv for k; float32).
+bool rotary_norm_qkv_supports(int64_t D);
+int rotary_norm_qkv(
+    Dtype dtype,
+    const void* qkv,
+    const void* cos,
+    const void* sin,
+    void* q,
+    void* k,
+    void* v,
+    float* rstd,
+    int64_t tokens,
+    int64_t T,
+    int64_t H,
+    int64_t Hkv,
+    int64_t D,
+    float eps,
+    void* stream);
+
+// Its gradient: dqkv (tokens, H + 2 Hkv, D) from dq, dk, dv (the shapes of
+// q, k, v) and the outputs q, k and rstd: the norm's, do = T(rstd (dy -
+// y mean(dy y))), rotated back, dx1 = T(T(do1 c) - T(do2 s)),
+// dx2 = T(T(do1 s) + T(do2 c)); v's rows copied.
+int rotary_norm_qkv_backward(
+    Dtype dtype,
+    const void* dq,
+    const void* dk,
+    const void* dv,
+    const void* q,
+    const void* k,
+    const float* rstd,
+    const void* cos,
+    const void* sin,
+    void* dqkv,
+    int64_t tokens,
+    int64_t T,
+    int64_t H,
+    int64_t Hkv,
+    int64_t D,
+    void* stream);
+
+// A pre-norm block's residual add and the next norm, for `rows` rows of C
+// contiguous values: s = TS(x + b) and y = TY(s * rstd), rstd = rsqrt(mean
+// (s^2) + eps) in float32. x and s have the residual's type, b the
+// branch's and y the next product's (under autocast a float32 residual, a
+// bfloat16 branch and a bfloat16 input: the cast the product would make is
+// this kernel's store). Pairs of (residual, low) dtypes: all one type, or
+// float32 with float16 or bfloat16 for b and y each. C a multiple of 128.
+bool residual_add_rms_norm_supports(
+    Dtype residual,
+    Dtype branch,
+    Dtype out,
+    int64_t C);
+int residual_add_rms_norm(
+    Dtype residual,
+    Dtype branch,
+    Dtype out,
+    const void* x,
+    const void* b,
+    void* s,
+    void* y,
+    float* rstd,
+    int64_t rows,
+    int64_t C,
+    float eps,
+    void* stream);
+
+// Its gradient: dx = TS(ds + TS(rstd (dy - n mean(dy n)))), n = s rstd,
+// written to dx (residual type) and, where the branch has another type,
+// as TB(dx) to db (else db is unused). ds may be null (no gradient
+// reached s: zeros).
+int residual_add_rms_norm_backward(
+    Dtype residual,
+    Dtype branch,
+    Dtype out,
+    const void* ds,
+    const void* dy,
+    const void* s,
+    const float* rstd,
+    void* dx,
+    void* db,
+    int64_t rows,
+    int64_t C,
+    void* stream);
+
 // The cross-entropy of each row of logits z (rows, V; row stride ld >= V,
 // a multiple of 16 bytes, z 16-byte aligned, else cudaErrorInvalidValue;
 // type T; the columns past V are left as they are)

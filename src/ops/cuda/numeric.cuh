@@ -59,6 +59,18 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// f(row) for each row this warp takes of `rows`: one warp a row, the grid
+// looping over the rest (row is the same in every lane of the warp).
+template <typename F>
+__device__ inline void each_warp_row(int64_t rows, F&& f) {
+  const int64_t per_block = blockDim.x / kWarp;
+  const int64_t warps = int64_t(gridDim.x) * per_block;
+  for (int64_t row = int64_t(blockIdx.x) * per_block + threadIdx.x / kWarp;
+       row < rows;
+       row += warps)
+    f(row);
+}
+
 // The 16 / sizeof(T) values of T in a 16-byte load, as float32.
 template <typename T>
 __device__ inline void unpack16(const uint4& raw, float* out) {

@@ -304,11 +304,7 @@ __global__ void add_norm_rows_kernel(
   wait_for_previous_kernels();
   let_next_kernel_start();
   const int lane = threadIdx.x % kWarp;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  for (int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) +
-           threadIdx.x / kWarp;
-       row < rows;
-       row += warps) {
+  each_warp_row(rows, [&](int64_t row) {
     const int64_t base = row * N;
     float ss = 0.f;
     for (int64_t n = lane; n < N; n += kWarp) {
@@ -321,7 +317,7 @@ __global__ void add_norm_rows_kernel(
       rstd[row] = r;
     for (int64_t n = lane; n < N; n += kWarp)
       y[base + n] = from_float<T>(to_float(y[base + n]) * r);
-  }
+  });
 }
 
 // With x = y / rstd along the dimension: dx = rstd * (dy - y * sum(dy * y) / count).
@@ -364,11 +360,7 @@ __global__ void norm_rows_backward_kernel(
   wait_for_previous_kernels();
   let_next_kernel_start();
   const int lane = threadIdx.x % kWarp;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  for (int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) +
-           threadIdx.x / kWarp;
-       row < rows;
-       row += warps) {
+  each_warp_row(rows, [&](int64_t row) {
     const int64_t base = row * N;
     float dot = 0.f;
     for (int64_t n = lane; n < N; n += kWarp)
@@ -377,7 +369,7 @@ __global__ void norm_rows_backward_kernel(
     for (int64_t n = lane; n < N; n += kWarp)
       dx[base + n] =
           from_float<T>(r * (to_float(dy[base + n]) - to_float(y[base + n]) * c));
-  }
+  });
 }
 
 constexpr int kThreads = 256;
@@ -526,6 +518,522 @@ int rms_norm_unscaled_backward(
     return launch_dependent(
         norm_columns_backward_kernel<T>, dim3(blocks_for(outer * inner)),
         dim3(kThreads), s, pd, py, rstd, px, outer, N, inner, float(count));
+  });
+}
+
+
+// The GPT's MLP activation and attention inputs (ops/fused_train.h's
+// relu_square and rotary_norm_qkv).
+namespace {
+
+__device__ inline float relu_keeping_nan(float u) {
+  return u > 0.f || u != u ? u : 0.f;
+}
+
+template <typename T, int V>
+__global__ void relu_square_kernel(
+    const T* __restrict__ u,
+    T* __restrict__ y,
+    int64_t n) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n / V;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    float v[V];
+    load_values<T, V>(u + k * V, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float r = relu_keeping_nan(v[e]);
+      v[e] = r * r;
+    }
+    store_values<T, V>(y + k * V, v);
+  }
+}
+
+template <typename T, int V>
+__global__ void relu_square_backward_kernel(
+    const T* __restrict__ u,
+    const T* __restrict__ dy,
+    T* __restrict__ du,
+    int64_t n) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n / V;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    float v[V], d[V];
+    load_values<T, V>(u + k * V, v);
+    load_values<T, V>(dy + k * V, d);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      d[e] = v[e] > 0.f ? 2.f * round_to<T>(d[e] * v[e]) : 0.f;
+    store_values<T, V>(du + k * V, d);
+  }
+}
+
+// Where head h of a token of the stacked product goes: q's heads, then
+// k's (their norms' rstd at `at`: q's rows first, then k's), then v's.
+struct HeadSlot {
+  int kind;       // 0 q, 1 k, 2 v
+  int64_t at;     // the row of rstd (q and k)
+  int64_t offset; // the head's first value in q, k or v
+};
+
+__device__ inline HeadSlot head_slot(
+    int64_t row,
+    int64_t tokens,
+    int H,
+    int Hkv,
+    int D) {
+  const int heads = H + 2 * Hkv;
+  const int64_t tok = row / heads;
+  const int h = int(row % heads);
+  if (h < H)
+    return {0, tok * H + h, (tok * H + h) * D};
+  if (h < H + Hkv)
+    return {1, tokens * H + tok * Hkv + (h - H), (tok * Hkv + h - H) * D};
+  return {2, -1, (tok * Hkv + h - H - Hkv) * D};
+}
+
+// One warp a head row of D = 64 P values: lane l holds x1[lP .. lP+P) and
+// x2 at the same offsets of the second half.
+template <typename T, int P>
+__global__ void rotary_norm_qkv_kernel(
+    const T* __restrict__ qkv,
+    const T* __restrict__ cos,
+    const T* __restrict__ sin,
+    T* __restrict__ q,
+    T* __restrict__ k,
+    T* __restrict__ v,
+    float* __restrict__ rstd,
+    int64_t tokens,
+    int64_t T_len,
+    int H,
+    int Hkv,
+    float eps) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  constexpr int half = kWarp * P, D = 2 * half;
+  const int i = (threadIdx.x % kWarp) * P;
+  each_warp_row(tokens * (H + 2 * Hkv), [&](int64_t row) {
+    const HeadSlot slot = head_slot(row, tokens, H, Hkv, D);
+    float x1[P], x2[P];
+    load_values<T, P>(qkv + row * D + i, x1);
+    load_values<T, P>(qkv + row * D + half + i, x2);
+    T* out = (slot.kind == 0 ? q : slot.kind == 1 ? k : v) + slot.offset;
+    if (slot.kind == 2) { // v: as it is
+      store_values<T, P>(out + i, x1);
+      store_values<T, P>(out + half + i, x2);
+      return;
+    }
+    const int64_t pos = row / (H + 2 * Hkv) % T_len;
+    float c[P], s[P];
+    load_values<T, P>(cos + pos * half + i, c);
+    load_values<T, P>(sin + pos * half + i, s);
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const float o1 = round_to<T>(
+          round_to<T>(x1[e] * c[e]) + round_to<T>(x2[e] * s[e]));
+      const float o2 = round_to<T>(
+          round_to<T>(x2[e] * c[e]) - round_to<T>(x1[e] * s[e]));
+      x1[e] = o1;
+      x2[e] = o2;
+      ss += o1 * o1 + o2 * o2;
+    }
+    const float r = rsqrtf(warp_sum(ss) / float(D) + eps);
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      x1[e] *= r;
+      x2[e] *= r;
+    }
+    store_values<T, P>(out + i, x1);
+    store_values<T, P>(out + half + i, x2);
+    if (i == 0)
+      rstd[slot.at] = r;
+  });
+}
+
+template <typename T, int P>
+__global__ void rotary_norm_qkv_backward_kernel(
+    const T* __restrict__ dq,
+    const T* __restrict__ dk,
+    const T* __restrict__ dv,
+    const T* __restrict__ q,
+    const T* __restrict__ k,
+    const float* __restrict__ rstd,
+    const T* __restrict__ cos,
+    const T* __restrict__ sin,
+    T* __restrict__ dqkv,
+    int64_t tokens,
+    int64_t T_len,
+    int H,
+    int Hkv) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  constexpr int half = kWarp * P, D = 2 * half;
+  const int i = (threadIdx.x % kWarp) * P;
+  each_warp_row(tokens * (H + 2 * Hkv), [&](int64_t row) {
+    const HeadSlot slot = head_slot(row, tokens, H, Hkv, D);
+    T* out = dqkv + row * D;
+    const T* dy = (slot.kind == 0 ? dq : slot.kind == 1 ? dk : dv) + slot.offset;
+    float d1[P], d2[P];
+    load_values<T, P>(dy + i, d1);
+    load_values<T, P>(dy + half + i, d2);
+    if (slot.kind == 2) {
+      store_values<T, P>(out + i, d1);
+      store_values<T, P>(out + half + i, d2);
+      return;
+    }
+    const T* y = (slot.kind == 0 ? q : k) + slot.offset;
+    float y1[P], y2[P];
+    load_values<T, P>(y + i, y1);
+    load_values<T, P>(y + half + i, y2);
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < P; ++e)
+      dot += d1[e] * y1[e] + d2[e] * y2[e];
+    const float mean = warp_sum(dot) / float(D), r = rstd[slot.at];
+    const int64_t pos = row / (H + 2 * Hkv) % T_len;
+    float c[P], s[P];
+    load_values<T, P>(cos + pos * half + i, c);
+    load_values<T, P>(sin + pos * half + i, s);
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
+      const float o2 = round_to<T>(r * (d2[e] - y2[e] * mean));
+      d1[e] = round_to<T>(o1 * c[e]) - round_to<T>(o2 * s[e]);
+      d2[e] = round_to<T>(o1 * s[e]) + round_to<T>(o2 * c[e]);
+    }
+    store_values<T, P>(out + i, d1);
+    store_values<T, P>(out + half + i, d2);
+  });
+}
+
+} // namespace
+
+int relu_square(Dtype dtype, const void* u, void* y, int64_t n, void* stream) {
+  if (n == 0)
+    return 0;
+  return dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    constexpr int V = 16 / sizeof(T);
+    const auto s = cudaStream_t(stream);
+    const T* in = static_cast<const T*>(u);
+    T* out = static_cast<T*>(y);
+    if (n % V == 0 && aligned16<T>(u) && aligned16<T>(y))
+      return launch_dependent(
+          relu_square_kernel<T, V>, dim3(blocks_for(n / V)), dim3(kThreads),
+          s, in, out, n);
+    return launch_dependent(
+        relu_square_kernel<T, 1>, dim3(blocks_for(n)), dim3(kThreads), s, in,
+        out, n);
+  });
+}
+
+int relu_square_backward(
+    Dtype dtype,
+    const void* u,
+    const void* dy,
+    void* du,
+    int64_t n,
+    void* stream) {
+  if (n == 0)
+    return 0;
+  return dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    constexpr int V = 16 / sizeof(T);
+    const auto s = cudaStream_t(stream);
+    const T* in = static_cast<const T*>(u);
+    const T* d = static_cast<const T*>(dy);
+    T* out = static_cast<T*>(du);
+    if (n % V == 0 && aligned16<T>(u) && aligned16<T>(dy) && aligned16<T>(du))
+      return launch_dependent(
+          relu_square_backward_kernel<T, V>, dim3(blocks_for(n / V)),
+          dim3(kThreads), s, in, d, out, n);
+    return launch_dependent(
+        relu_square_backward_kernel<T, 1>, dim3(blocks_for(n)),
+        dim3(kThreads), s, in, d, out, n);
+  });
+}
+
+bool rotary_norm_qkv_supports(int64_t D) {
+  return D % 64 == 0 && D >= 64 && D <= 256;
+}
+
+namespace {
+
+// f(std::integral_constant<int, P>{}) for D = 64 P.
+template <typename F>
+int by_half(int64_t D, F&& f) {
+  switch (D / 64) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+  }
+  return int(cudaErrorInvalidValue);
+}
+
+// Warps of one head row each; the kernels loop over the rest.
+unsigned row_blocks(int64_t rows) {
+  return blocks_for(rows * kWarp);
+}
+
+} // namespace
+
+int rotary_norm_qkv(
+    Dtype dtype,
+    const void* qkv,
+    const void* cos,
+    const void* sin,
+    void* q,
+    void* k,
+    void* v,
+    float* rstd,
+    int64_t tokens,
+    int64_t T,
+    int64_t H,
+    int64_t Hkv,
+    int64_t D,
+    float eps,
+    void* stream) {
+  if (!rotary_norm_qkv_supports(D) || T < 1)
+    return int(cudaErrorInvalidValue);
+  if (tokens == 0)
+    return 0;
+  return dispatch(dtype, [&](auto zero) {
+    using E = decltype(zero);
+    return by_half(D, [&](auto p) {
+      constexpr int P = decltype(p)::value;
+      return launch_dependent(
+          rotary_norm_qkv_kernel<E, P>, dim3(row_blocks(tokens * (H + 2 * Hkv))),
+          dim3(kThreads), cudaStream_t(stream), static_cast<const E*>(qkv),
+          static_cast<const E*>(cos), static_cast<const E*>(sin),
+          static_cast<E*>(q), static_cast<E*>(k), static_cast<E*>(v), rstd,
+          tokens, T, int(H), int(Hkv), eps);
+    });
+  });
+}
+
+int rotary_norm_qkv_backward(
+    Dtype dtype,
+    const void* dq,
+    const void* dk,
+    const void* dv,
+    const void* q,
+    const void* k,
+    const float* rstd,
+    const void* cos,
+    const void* sin,
+    void* dqkv,
+    int64_t tokens,
+    int64_t T,
+    int64_t H,
+    int64_t Hkv,
+    int64_t D,
+    void* stream) {
+  if (!rotary_norm_qkv_supports(D) || T < 1)
+    return int(cudaErrorInvalidValue);
+  if (tokens == 0)
+    return 0;
+  return dispatch(dtype, [&](auto zero) {
+    using E = decltype(zero);
+    return by_half(D, [&](auto p) {
+      constexpr int P = decltype(p)::value;
+      return launch_dependent(
+          rotary_norm_qkv_backward_kernel<E, P>,
+          dim3(row_blocks(tokens * (H + 2 * Hkv))), dim3(kThreads),
+          cudaStream_t(stream), static_cast<const E*>(dq),
+          static_cast<const E*>(dk), static_cast<const E*>(dv),
+          static_cast<const E*>(q), static_cast<const E*>(k), rstd,
+          static_cast<const E*>(cos), static_cast<const E*>(sin),
+          static_cast<E*>(dqkv), tokens, T, int(H), int(Hkv));
+    });
+  });
+}
+
+
+// The GPT block's residual add and norm (ops/fused_train.h's
+// residual_add_rms_norm). One warp a row, four values a lane at a time;
+// the second pass re-reads what the first wrote, from cache.
+namespace {
+
+template <typename TS, typename TB, typename TY>
+__global__ void residual_add_rms_norm_kernel(
+    const TS* __restrict__ x,
+    const TB* __restrict__ b,
+    TS* __restrict__ s,
+    TY* __restrict__ y,
+    float* __restrict__ rstd,
+    int64_t rows,
+    int64_t C,
+    float eps) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  const int lane = threadIdx.x % kWarp;
+  each_warp_row(rows, [&](int64_t row) {
+    const int64_t base = row * C;
+    float ss = 0.f;
+    for (int64_t c = lane * 4; c < C; c += kWarp * 4) {
+      float xv[4], bv[4];
+      load_values<TS, 4>(x + base + c, xv);
+      load_values<TB, 4>(b + base + c, bv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        xv[e] = round_to<TS>(xv[e] + bv[e]);
+        ss += xv[e] * xv[e];
+      }
+      store_values<TS, 4>(s + base + c, xv);
+    }
+    const float r = rsqrtf(warp_sum(ss) / float(C) + eps);
+    if (lane == 0)
+      rstd[row] = r;
+    __syncwarp();
+    for (int64_t c = lane * 4; c < C; c += kWarp * 4) {
+      float v[4];
+      load_values<TS, 4>(s + base + c, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        v[e] *= r;
+      store_values<TY, 4>(y + base + c, v);
+    }
+  });
+}
+
+template <typename TS, typename TB, typename TY>
+__global__ void residual_add_rms_norm_backward_kernel(
+    const TS* __restrict__ ds,
+    const TY* __restrict__ dy,
+    const TS* __restrict__ s,
+    const float* __restrict__ rstd,
+    TS* __restrict__ dx,
+    TB* __restrict__ db,
+    int64_t rows,
+    int64_t C) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  const int lane = threadIdx.x % kWarp;
+  each_warp_row(rows, [&](int64_t row) {
+    const int64_t base = row * C;
+    const float r = rstd[row];
+    float dot = 0.f;
+    for (int64_t c = lane * 4; c < C; c += kWarp * 4) {
+      float d[4], v[4];
+      load_values<TY, 4>(dy + base + c, d);
+      load_values<TS, 4>(s + base + c, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dot += d[e] * (v[e] * r);
+    }
+    const float mean = warp_sum(dot) / float(C);
+    for (int64_t c = lane * 4; c < C; c += kWarp * 4) {
+      float d[4], v[4], g[4] = {0.f, 0.f, 0.f, 0.f};
+      load_values<TY, 4>(dy + base + c, d);
+      load_values<TS, 4>(s + base + c, v);
+      if (ds)
+        load_values<TS, 4>(ds + base + c, g);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        g[e] = round_to<TS>(g[e] + round_to<TS>(r * (d[e] - v[e] * r * mean)));
+      store_values<TS, 4>(dx + base + c, g);
+      if (db)
+        store_values<TB, 4>(db + base + c, g);
+    }
+  });
+}
+
+// f(TS{}, TB{}, TY{}) for the supported triples, else
+// cudaErrorInvalidValue.
+template <typename F>
+int dispatch_residual(Dtype residual, Dtype branch, Dtype out, F&& f) {
+  if (branch == residual && out == residual)
+    return dispatch(residual, [&](auto z) { return f(z, z, z); });
+  if (residual != Dtype::float32 || branch == Dtype::float32)
+    return int(cudaErrorInvalidValue);
+  if (out != branch && out != Dtype::float32)
+    return int(cudaErrorInvalidValue);
+  return dispatch(branch, [&](auto low) {
+    if (out == Dtype::float32)
+      return f(float{}, low, float{});
+    return f(float{}, low, low);
+  });
+}
+
+} // namespace
+
+bool residual_add_rms_norm_supports(
+    Dtype residual,
+    Dtype branch,
+    Dtype out,
+    int64_t C) {
+  if (C <= 0 || C % (kWarp * 4) != 0)
+    return false;
+  if (branch == residual && out == residual)
+    return true;
+  return residual == Dtype::float32 && branch != Dtype::float32 &&
+      (out == branch || out == Dtype::float32);
+}
+
+int residual_add_rms_norm(
+    Dtype residual,
+    Dtype branch,
+    Dtype out,
+    const void* x,
+    const void* b,
+    void* s,
+    void* y,
+    float* rstd,
+    int64_t rows,
+    int64_t C,
+    float eps,
+    void* stream) {
+  if (!residual_add_rms_norm_supports(residual, branch, out, C))
+    return int(cudaErrorInvalidValue);
+  if (rows == 0)
+    return 0;
+  return dispatch_residual(residual, branch, out, [&](auto zs, auto zb, auto zy) {
+    using TS = decltype(zs);
+    using TB = decltype(zb);
+    using TY = decltype(zy);
+    return launch_dependent(
+        residual_add_rms_norm_kernel<TS, TB, TY>, dim3(row_blocks(rows)),
+        dim3(kThreads), cudaStream_t(stream), static_cast<const TS*>(x),
+        static_cast<const TB*>(b), static_cast<TS*>(s), static_cast<TY*>(y),
+        rstd, rows, C, eps);
+  });
+}
+
+int residual_add_rms_norm_backward(
+    Dtype residual,
+    Dtype branch,
+    Dtype out,
+    const void* ds,
+    const void* dy,
+    const void* s,
+    const float* rstd,
+    void* dx,
+    void* db,
+    int64_t rows,
+    int64_t C,
+    void* stream) {
+  if (!residual_add_rms_norm_supports(residual, branch, out, C))
+    return int(cudaErrorInvalidValue);
+  if (rows == 0)
+    return 0;
+  return dispatch_residual(residual, branch, out, [&](auto zs, auto zb, auto zy) {
+    using TS = decltype(zs);
+    using TB = decltype(zb);
+    using TY = decltype(zy);
+    return launch_dependent(
+        residual_add_rms_norm_backward_kernel<TS, TB, TY>,
+        dim3(row_blocks(rows)), dim3(kThreads), cudaStream_t(stream),
+        static_cast<const TS*>(ds), static_cast<const TY*>(dy),
+        static_cast<const TS*>(s), rstd, static_cast<TS*>(dx),
+        static_cast<TB*>(db), rows, C);
   });
 }
 
