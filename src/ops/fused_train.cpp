@@ -504,7 +504,10 @@ bool rotary_norm_qkv_is_fused(
       H <= 0 || Hkv <= 0 || qkv.size(2) % (H + 2 * Hkv) != 0)
     return false;
   const int64_t D = qkv.size(2) / (H + 2 * Hkv);
-  return cuda::rotary_norm_qkv_supports(D) && cos.dim() == 2 &&
+  // Rows are indexed in 32 bits there.
+  const int64_t rows = qkv.size(0) * qkv.size(1) * (H + 2 * Hkv);
+  return cuda::rotary_norm_qkv_supports(D) && rows < (int64_t(1) << 31) &&
+      cos.dim() == 2 &&
       cos.sizes() == sin.sizes() && cos.size(0) == qkv.size(1) &&
       cos.size(1) == D / 2 && !cos.requires_grad() && !sin.requires_grad();
 #else

@@ -571,11 +571,15 @@ __global__ void relu_square_backward_kernel(
 }
 
 // Where head h of a token of the stacked product goes: q's heads, then
-// k's (their norms' rstd at `at`: q's rows first, then k's), then v's.
+// k's (their norms' rstd at `at`: q's rows first, then k's), then v's; and
+// the token's position in its sequence. In 32-bit arithmetic (64-bit
+// division is a long software sequence, and it had the kernels at a third
+// of the memory bus): the op sends fewer than 2^31 rows.
 struct HeadSlot {
   int kind;       // 0 q, 1 k, 2 v
   int64_t at;     // the row of rstd (q and k)
   int64_t offset; // the head's first value in q, k or v
+  int64_t pos;    // the token's position: its row of the tables
 };
 
 __device__ inline HeadSlot head_slot(
@@ -583,15 +587,21 @@ __device__ inline HeadSlot head_slot(
     int64_t tokens,
     int H,
     int Hkv,
-    int D) {
-  const int heads = H + 2 * Hkv;
-  const int64_t tok = row / heads;
-  const int h = int(row % heads);
+    int D,
+    int64_t T_len) {
+  const uint32_t heads = uint32_t(H + 2 * Hkv);
+  const uint32_t tok = uint32_t(row) / heads;
+  const int h = int(uint32_t(row) - tok * heads);
+  const int64_t pos = tok % uint32_t(T_len);
   if (h < H)
-    return {0, tok * H + h, (tok * H + h) * D};
+    return {0, int64_t(tok) * H + h, (int64_t(tok) * H + h) * D, pos};
   if (h < H + Hkv)
-    return {1, tokens * H + tok * Hkv + (h - H), (tok * Hkv + h - H) * D};
-  return {2, -1, (tok * Hkv + h - H - Hkv) * D};
+    return {
+        1,
+        tokens * H + int64_t(tok) * Hkv + (h - H),
+        (int64_t(tok) * Hkv + h - H) * D,
+        pos};
+  return {2, -1, (int64_t(tok) * Hkv + h - H - Hkv) * D, pos};
 }
 
 // One warp a head row of D = 64 P values: lane l holds x1[lP .. lP+P) and
@@ -615,7 +625,7 @@ __global__ void rotary_norm_qkv_kernel(
   constexpr int half = kWarp * P, D = 2 * half;
   const int i = (threadIdx.x % kWarp) * P;
   each_warp_row(tokens * (H + 2 * Hkv), [&](int64_t row) {
-    const HeadSlot slot = head_slot(row, tokens, H, Hkv, D);
+    const HeadSlot slot = head_slot(row, tokens, H, Hkv, D, T_len);
     float x1[P], x2[P];
     load_values<T, P>(qkv + row * D + i, x1);
     load_values<T, P>(qkv + row * D + half + i, x2);
@@ -625,10 +635,9 @@ __global__ void rotary_norm_qkv_kernel(
       store_values<T, P>(out + half + i, x2);
       return;
     }
-    const int64_t pos = row / (H + 2 * Hkv) % T_len;
     float c[P], s[P];
-    load_values<T, P>(cos + pos * half + i, c);
-    load_values<T, P>(sin + pos * half + i, s);
+    load_values<T, P>(cos + slot.pos * half + i, c);
+    load_values<T, P>(sin + slot.pos * half + i, s);
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < P; ++e) {
@@ -673,7 +682,7 @@ __global__ void rotary_norm_qkv_backward_kernel(
   constexpr int half = kWarp * P, D = 2 * half;
   const int i = (threadIdx.x % kWarp) * P;
   each_warp_row(tokens * (H + 2 * Hkv), [&](int64_t row) {
-    const HeadSlot slot = head_slot(row, tokens, H, Hkv, D);
+    const HeadSlot slot = head_slot(row, tokens, H, Hkv, D, T_len);
     T* out = dqkv + row * D;
     const T* dy = (slot.kind == 0 ? dq : slot.kind == 1 ? dk : dv) + slot.offset;
     float d1[P], d2[P];
@@ -693,10 +702,9 @@ __global__ void rotary_norm_qkv_backward_kernel(
     for (int e = 0; e < P; ++e)
       dot += d1[e] * y1[e] + d2[e] * y2[e];
     const float mean = warp_sum(dot) / float(D), r = rstd[slot.at];
-    const int64_t pos = row / (H + 2 * Hkv) % T_len;
     float c[P], s[P];
-    load_values<T, P>(cos + pos * half + i, c);
-    load_values<T, P>(sin + pos * half + i, s);
+    load_values<T, P>(cos + slot.pos * half + i, c);
+    load_values<T, P>(sin + slot.pos * half + i, s);
 #pragma unroll
     for (int e = 0; e < P; ++e) {
       const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
@@ -707,6 +715,187 @@ __global__ void rotary_norm_qkv_backward_kernel(
     store_values<T, P>(out + i, d1);
     store_values<T, P>(out + half + i, d2);
   });
+}
+
+// The same two kernels with 16-byte loads, for heads of L = D / VEC lanes
+// (VEC values of T in 16 bytes; L a power of two from 2 to 32): a warp
+// takes 32 / L head rows at once; lane j < L/2 of a row holds x1's chunk j,
+// lane j + L/2 the matching chunk of x2, and the two swap values through a
+// shuffle. Every lane runs every shuffle (rows past the end compute on
+// zeros and store nothing), so the rows of a warp may differ in kind.
+template <typename T, int L>
+__device__ inline void swap_halves(const float (&mine)[16 / sizeof(T)], float (&other)[16 / sizeof(T)]) {
+#pragma unroll
+  for (int e = 0; e < int(16 / sizeof(T)); ++e)
+    other[e] = __shfl_xor_sync(0xffffffffu, mine[e], L / 2);
+}
+
+template <int L>
+__device__ inline float row_sum(float v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// For each group of rows a warp takes: row (past `rows` where the lane
+// idles), the lane's place in its row, and whether it holds x1's half.
+template <int L, typename F>
+__device__ inline void each_row_group(int64_t rows, F&& f) {
+  constexpr int per_warp = kWarp / L;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  for (int64_t base = warp * per_warp; base < rows; base += warps * per_warp)
+    f(base + lane / L, lane % L, lane % L < L / 2);
+}
+
+template <typename T, int L>
+__global__ void rotary_norm_qkv_wide_kernel(
+    const T* __restrict__ qkv,
+    const T* __restrict__ cos,
+    const T* __restrict__ sin,
+    T* __restrict__ q,
+    T* __restrict__ k,
+    T* __restrict__ v,
+    float* __restrict__ rstd,
+    int64_t tokens,
+    int64_t T_len,
+    int H,
+    int Hkv,
+    float eps) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  constexpr int VEC = 16 / sizeof(T), D = L * VEC, half = D / 2;
+  const int64_t rows = tokens * (H + 2 * Hkv);
+  each_row_group<L>(rows, [&](int64_t row, int j, bool first) {
+    const bool live = row < rows;
+    const int at = (j % (L / 2)) * VEC; // the chunk's offset in its half
+    float x[VEC] = {}, o[VEC], c[VEC] = {}, sn[VEC] = {};
+    HeadSlot slot{2, -1, 0, 0};
+    if (live) {
+      slot = head_slot(row, tokens, H, Hkv, D, T_len);
+      load_values<T, VEC>(qkv + row * D + j * VEC, x);
+        load_values<T, VEC>(cos + slot.pos * half + at, c);
+      load_values<T, VEC>(sin + slot.pos * half + at, sn);
+    }
+    swap_halves<T, L>(x, o); // o: the partner's chunk
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const float x1 = first ? x[e] : o[e], x2 = first ? o[e] : x[e];
+      o[e] = first
+          ? round_to<T>(round_to<T>(x1 * c[e]) + round_to<T>(x2 * sn[e]))
+          : round_to<T>(round_to<T>(x2 * c[e]) - round_to<T>(x1 * sn[e]));
+      ss += o[e] * o[e];
+    }
+    const float r = rsqrtf(row_sum<L>(ss) / float(D) + eps);
+    if (!live)
+      return;
+    T* out = (slot.kind == 0 ? q : slot.kind == 1 ? k : v) + slot.offset;
+    if (slot.kind == 2) {
+      store_values<T, VEC>(out + j * VEC, x);
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      o[e] *= r;
+    store_values<T, VEC>(out + j * VEC, o);
+    if (j == 0)
+      rstd[slot.at] = r;
+  });
+}
+
+template <typename T, int L>
+__global__ void rotary_norm_qkv_wide_backward_kernel(
+    const T* __restrict__ dq,
+    const T* __restrict__ dk,
+    const T* __restrict__ dv,
+    const T* __restrict__ q,
+    const T* __restrict__ k,
+    const float* __restrict__ rstd,
+    const T* __restrict__ cos,
+    const T* __restrict__ sin,
+    T* __restrict__ dqkv,
+    int64_t tokens,
+    int64_t T_len,
+    int H,
+    int Hkv) {
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  constexpr int VEC = 16 / sizeof(T), D = L * VEC, half = D / 2;
+  const int64_t rows = tokens * (H + 2 * Hkv);
+  each_row_group<L>(rows, [&](int64_t row, int j, bool first) {
+    const bool live = row < rows;
+    const int at = (j % (L / 2)) * VEC;
+    float d[VEC] = {}, y[VEC] = {}, c[VEC] = {}, sn[VEC] = {}, o[VEC];
+    HeadSlot slot{2, -1, 0, 0};
+    float r = 0.f;
+    if (live) {
+      slot = head_slot(row, tokens, H, Hkv, D, T_len);
+      const T* dy = (slot.kind == 0 ? dq : slot.kind == 1 ? dk : dv) + slot.offset;
+      load_values<T, VEC>(dy + j * VEC, d);
+      if (slot.kind < 2) {
+        load_values<T, VEC>((slot.kind == 0 ? q : k) + slot.offset + j * VEC, y);
+        r = rstd[slot.at];
+      }
+        load_values<T, VEC>(cos + slot.pos * half + at, c);
+      load_values<T, VEC>(sin + slot.pos * half + at, sn);
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      dot += d[e] * y[e];
+    const float mean = row_sum<L>(dot) / float(D);
+    float g[VEC]; // the norm's gradient, this lane's chunk
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      g[e] = round_to<T>(r * (d[e] - y[e] * mean));
+    swap_halves<T, L>(g, o);
+    if (!live)
+      return;
+    T* out = dqkv + row * D + j * VEC;
+    if (slot.kind == 2) {
+      store_values<T, VEC>(out, d);
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const float o1 = first ? g[e] : o[e], o2 = first ? o[e] : g[e];
+      g[e] = first ? round_to<T>(o1 * c[e]) - round_to<T>(o2 * sn[e])
+                   : round_to<T>(o1 * sn[e]) + round_to<T>(o2 * c[e]);
+    }
+    store_values<T, VEC>(out, g);
+  });
+}
+
+// Lanes a head row takes with 16-byte loads, or 0 where D does not split
+// into 2 to 32 of them, a power of two.
+template <typename T>
+int wide_lanes(int64_t D) {
+  constexpr int VEC = 16 / sizeof(T);
+  if (D % VEC != 0)
+    return 0;
+  const int64_t L = D / VEC;
+  return L >= 2 && L <= kWarp && (L & (L - 1)) == 0 ? int(L) : 0;
+}
+
+// f(std::integral_constant<int, L>{}) for L of 2 to 32.
+template <typename F>
+int by_lanes(int L, F&& f) {
+  switch (L) {
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+  }
+  return int(cudaErrorInvalidValue);
 }
 
 } // namespace
@@ -762,6 +951,15 @@ bool rotary_norm_qkv_supports(int64_t D) {
 
 namespace {
 
+// The kernels index rows in 32 bits (head_slot).
+bool rows_fit(int64_t tokens, int64_t H, int64_t Hkv) {
+  return tokens * (H + 2 * Hkv) < (int64_t(1) << 31);
+}
+
+} // namespace
+
+namespace {
+
 // f(std::integral_constant<int, P>{}) for D = 64 P.
 template <typename F>
 int by_half(int64_t D, F&& f) {
@@ -801,16 +999,31 @@ int rotary_norm_qkv(
     int64_t D,
     float eps,
     void* stream) {
-  if (!rotary_norm_qkv_supports(D) || T < 1)
+  if (!rotary_norm_qkv_supports(D) || T < 1 || !rows_fit(tokens, H, Hkv))
     return int(cudaErrorInvalidValue);
   if (tokens == 0)
     return 0;
+  const int64_t rows = tokens * (H + 2 * Hkv);
   return dispatch(dtype, [&](auto zero) {
     using E = decltype(zero);
+    const bool aligned = aligned16<E>(qkv) && aligned16<E>(cos) &&
+        aligned16<E>(sin) && aligned16<E>(q) && aligned16<E>(k) &&
+        aligned16<E>(v);
+    if (const int L = wide_lanes<E>(D); L > 0 && aligned)
+      return by_lanes(L, [&](auto lanes) {
+        constexpr int kL = decltype(lanes)::value;
+        return launch_dependent(
+            rotary_norm_qkv_wide_kernel<E, kL>,
+            dim3(row_blocks((rows + kWarp / kL - 1) / (kWarp / kL))),
+            dim3(kThreads), cudaStream_t(stream), static_cast<const E*>(qkv),
+            static_cast<const E*>(cos), static_cast<const E*>(sin),
+            static_cast<E*>(q), static_cast<E*>(k), static_cast<E*>(v), rstd,
+            tokens, T, int(H), int(Hkv), eps);
+      });
     return by_half(D, [&](auto p) {
       constexpr int P = decltype(p)::value;
       return launch_dependent(
-          rotary_norm_qkv_kernel<E, P>, dim3(row_blocks(tokens * (H + 2 * Hkv))),
+          rotary_norm_qkv_kernel<E, P>, dim3(row_blocks(rows)),
           dim3(kThreads), cudaStream_t(stream), static_cast<const E*>(qkv),
           static_cast<const E*>(cos), static_cast<const E*>(sin),
           static_cast<E*>(q), static_cast<E*>(k), static_cast<E*>(v), rstd,
@@ -836,17 +1049,33 @@ int rotary_norm_qkv_backward(
     int64_t Hkv,
     int64_t D,
     void* stream) {
-  if (!rotary_norm_qkv_supports(D) || T < 1)
+  if (!rotary_norm_qkv_supports(D) || T < 1 || !rows_fit(tokens, H, Hkv))
     return int(cudaErrorInvalidValue);
   if (tokens == 0)
     return 0;
+  const int64_t rows = tokens * (H + 2 * Hkv);
   return dispatch(dtype, [&](auto zero) {
     using E = decltype(zero);
+    const bool aligned = aligned16<E>(dq) && aligned16<E>(dk) &&
+        aligned16<E>(dv) && aligned16<E>(q) && aligned16<E>(k) &&
+        aligned16<E>(cos) && aligned16<E>(sin) && aligned16<E>(dqkv);
+    if (const int L = wide_lanes<E>(D); L > 0 && aligned)
+      return by_lanes(L, [&](auto lanes) {
+        constexpr int kL = decltype(lanes)::value;
+        return launch_dependent(
+            rotary_norm_qkv_wide_backward_kernel<E, kL>,
+            dim3(row_blocks((rows + kWarp / kL - 1) / (kWarp / kL))),
+            dim3(kThreads), cudaStream_t(stream), static_cast<const E*>(dq),
+            static_cast<const E*>(dk), static_cast<const E*>(dv),
+            static_cast<const E*>(q), static_cast<const E*>(k), rstd,
+            static_cast<const E*>(cos), static_cast<const E*>(sin),
+            static_cast<E*>(dqkv), tokens, T, int(H), int(Hkv));
+      });
     return by_half(D, [&](auto p) {
       constexpr int P = decltype(p)::value;
       return launch_dependent(
           rotary_norm_qkv_backward_kernel<E, P>,
-          dim3(row_blocks(tokens * (H + 2 * Hkv))), dim3(kThreads),
+          dim3(row_blocks(rows)), dim3(kThreads),
           cudaStream_t(stream), static_cast<const E*>(dq),
           static_cast<const E*>(dk), static_cast<const E*>(dv),
           static_cast<const E*>(q), static_cast<const E*>(k), rstd,
