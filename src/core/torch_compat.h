@@ -72,6 +72,18 @@ inline void synchronize(const torch::Device& device) {
     mps_synchronize();
 }
 
+// A host tensor onto `device` without the host waiting for the device's
+// queue: on CUDA through pinned memory and an asynchronous copy (the
+// caching host allocator keeps the pinned copy until the copy is done); a
+// plain copy elsewhere.
+inline torch::Tensor to_device_async(
+    const torch::Tensor& t,
+    const torch::Device& device) {
+  if (!device.is_cuda() || !t.device().is_cpu())
+    return t.to(device);
+  return t.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 // PyTorch's fused scaled-dot-product attention (flash / cuDNN /
 // memory-efficient on CUDA, Metal on MPS), which libtorch has from 2.0;
 // callers check has_fused_attention() first (ops/attention.h does).

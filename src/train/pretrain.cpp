@@ -554,7 +554,8 @@ TrainResult run_training(
     task.micro_step = [&, chat_loader] {
       auto b = chat_loader->next();
       auto y = torch::where(b.loss_mask > 0, b.y, torch::full_like(b.y, -1));
-      return model->loss(b.x.to(dev), y.to(dev));
+      return model->loss(
+          compat::to_device_async(b.x, dev), compat::to_device_async(y, dev));
     };
     task.evaluate = [&] {
       double loss = answer_loss(
@@ -581,7 +582,9 @@ TrainResult run_training(
   } else {
     task.micro_step = [&, train_loader] {
       auto b = train_loader->next();
-      return model->loss(b.x.to(dev), b.y.to(dev));
+      // Copied without waiting for the previous step's optimizer.
+      return model->loss(
+          compat::to_device_async(b.x, dev), compat::to_device_async(b.y, dev));
     };
     task.evaluate = [&] {
       SplitLoss s = split_loss(

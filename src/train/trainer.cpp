@@ -425,12 +425,17 @@ void Trainer::take_step(
   for (const auto& p : stepper().parameters())
     if (p.grad().defined())
       grads.push_back(p.grad());
-  if (scale != 1.0)
-    for (auto& g : grads)
-      g.mul_(1.0 / scale);
+  if (scale != 1.0 && !grads.empty())
+    at::_foreach_mul_(grads, 1.0 / scale);
+  // On CUDA the norms in one multi-tensor kernel, not one a parameter.
   std::vector<torch::Tensor> norms;
-  for (const auto& g : grads)
-    norms.push_back(g.norm(2).to(torch::kFloat32));
+  if (opt_.device.is_cuda() && !grads.empty())
+    norms = at::_foreach_norm(grads, 2);
+  else
+    for (const auto& g : grads)
+      norms.push_back(g.norm(2));
+  for (auto& n : norms)
+    n = n.to(torch::kFloat32);
   std::vector<torch::Tensor> read = {
       norms.empty()
           ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
@@ -456,8 +461,7 @@ void Trainer::take_step(
   if (!applied)
     return;
   if (opt_.grad_clip > 0 && grad_norm > opt_.grad_clip)
-    for (auto& g : grads)
-      g.mul_(opt_.grad_clip / (grad_norm + kClipEps));
+    at::_foreach_mul_(grads, opt_.grad_clip / (grad_norm + kClipEps));
   stepper().step(
       lr_multiplier(
           step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio),

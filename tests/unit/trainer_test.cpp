@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 namespace orchard::train {
@@ -92,6 +93,58 @@ TEST(Trainer, AccumulatingHalfBatchesEqualsOneBatch) {
   EXPECT_TRUE(torch::allclose(a.model->weight, b.model->weight, 1e-5, 1e-6))
       << a.model->weight << b.model->weight;
   EXPECT_NE(a.model->weight.sum().item<double>(), 0);
+}
+
+// grad_clip scales every gradient by clip / (norm + 1e-6) when the norm of
+// all of them passes it, as torch.nn.utils.clip_grad_norm_, and the step's
+// logged norm is the one before clipping. AdamW with an epsilon far above
+// the gradients is a plain gradient step (update = lr g / (|g| + eps)), so
+// the clipped gradient shows in the weights: checked against the gradient
+// autograd gives here and that formula by hand.
+TEST(Trainer, ClipsTheGradientsByTheirJointNorm) {
+  test::TempDir dir;
+  Regression r;
+  const double lr = 5e4, eps = 1e6, clip = 0.1;
+  // The first micro-step's gradient, by hand.
+  const auto w0 = r.model->weight.detach().clone();
+  const auto b0 = r.model->bias.detach().clone();
+  torch::mse_loss(r.model(r.x.narrow(0, 0, 8)), r.y.narrow(0, 0, 8)).backward();
+  const auto gw = r.model->weight.grad().clone();
+  const auto gb = r.model->bias.grad().clone();
+  r.model->zero_grad();
+  const double norm = std::sqrt(
+      gw.square().sum().item<double>() + gb.square().sum().item<double>());
+  ASSERT_GT(norm, 10 * clip); // clipping changes this step
+  const double f = clip / (norm + 1e-6);
+  auto expect = [&](const torch::Tensor& p, const torch::Tensor& g) {
+    const auto c = g * f;
+    return p - lr * c / (c.abs() + eps);
+  };
+
+  auto o = options(dir, "clip");
+  o.total_steps = 1;
+  o.warmdown_ratio = 0;
+  o.grad_clip = clip;
+  OptimizerOptions oo;
+  oo.adam_eps = eps;
+  Optimizers opt(sgd_like(r, lr), oo);
+  RunLog log(o.run_dir + "/train.log");
+  Trainer t(o, r.task(), opt, log);
+  t.run();
+  EXPECT_TRUE(torch::allclose(r.model->weight, expect(w0, gw), 1e-5, 1e-7))
+      << r.model->weight << expect(w0, gw) << w0;
+  EXPECT_TRUE(torch::allclose(r.model->bias, expect(b0, gb), 1e-5, 1e-7));
+  // Unclipped it would have moved 1 / f times as far.
+  EXPECT_GT(
+      (expect(w0, gw / f) - r.model->weight).abs().max().item<double>(), 1e-3);
+  const std::string metrics = test::read_text(o.run_dir + "/metrics.jsonl");
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_NEAR(
+      nlohmann::json::parse(metrics.substr(0, metrics.find('\n')))
+          .at("grad_norm")
+          .get<double>(),
+      norm,
+      1e-5 * norm);
 }
 
 TEST(Trainer, LossScalingUnscalesExactly) {

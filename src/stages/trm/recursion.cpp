@@ -3,6 +3,7 @@
 #include "text/tokenizer_io.h"
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "dist/world.h"
 #include "models/trm_language_model.h"
 #include "ops/stablemax.h"
@@ -323,9 +324,7 @@ void ActTrainer::restore_carry(
 }
 
 torch::Tensor ActTrainer::to_device(const torch::Tensor& t) const {
-  if (!device_.is_cuda())
-    return t.to(device_);
-  return t.pin_memory().to(device_, /*non_blocking=*/true);
+  return compat::to_device_async(t, device_);
 }
 
 TrainMetrics ActTrainer::take_metrics() {
