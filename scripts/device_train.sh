@@ -11,6 +11,10 @@
 # PHASE=peers: the PyTorch peers (bench/peers/gpt_train_step.py): eager and
 #   torch.compile, AdamW and Muon; then d20 (width 1280, 8 x 1024) for
 #   Orchard and torch.compile, Muon and AdamW (D20_OPTIMS picks).
+# PHASE=train: only orchard_bench_train and `orchard train` at d12
+#   (TRAIN_OPTIMS, default "adamw muon").
+# PHASE=d20: only d20 (D20_OPTIMS, default "adamw muon"): Orchard, then
+#   torch.compile for AdamW (the Muon peer is launch-bound; see d12).
 # PHASE=memgrid: bench/run_memory_grid.sh cuda (the planner's fit).
 # SKIP_BUILD=1: use the build a previous call on this warm machine left.
 # Results come back as $OUT/train_bench.txt and $OUT/logs.tgz.
@@ -23,6 +27,10 @@ export PYTHONUNBUFFERED=1
 status=0
 source scripts/device_debs.sh
 if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :
+elif [ "${PHASE:-bench}" = d20 ]; then
+  device_build orchard_bench_train
+elif [ "${PHASE:-bench}" = train ]; then
+  device_build orchard orchard_bench_train
 else
   device_build orchard orchard_unit_tests orchard_bench_train orchard_bench_train_trace orchard_bench_memory
 fi
@@ -30,23 +38,9 @@ B=build-cuda
 log() { tee -a "$RESULT/train_bench.txt"; }
 W=/tmp/train-work
 mkdir -p $W
-case "${PHASE:-bench}" in
-bench)
-  OMP_NUM_THREADS=4 $B/orchard_unit_tests \
-    --gtest_filter='LinearCrossEntropy.*:Gpt.*:Autocast.*:Optimizers.*:Muon.*:NewtonSchulz.*:FusedTrain.*:MemoryPlan.*' \
-    > "$OUT/unit.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|SKIPPED \]" -A2 "$OUT/unit.log" | head -30 | log
-  A="cuda 12 768 6"
-  $B/orchard_bench_train $A 50304 16 1024 20 bf16 adamw 2>&1 | log
-  $B/orchard_bench_train $A 50304 16 1024 20 bf16 muon 2>&1 | log
-  $B/orchard_bench_train $A 50257 16 1024 20 bf16 muon 2>&1 | log
-  for o in adamw muon; do
-    ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 50304 16 1024 5 bf16 $o > /dev/null 2>&1
-    echo "trace: $o" | log
-    python3 bench/trace_summary.py $OUT/step.json 30 2>&1 | log
-    rm -f $OUT/step.json
-  done
-  # The real trainer: words of the system's list in random sentences.
+# The real trainer on words of the system's list in random sentences, once
+# per optimizer in TRAIN_OPTIMS; the median tokens/s of steps 11 on.
+orchard_train_runs() {
   python3 - $W/corpus.txt <<'PY'
 import random, sys
 words = [w.strip() for w in open("/usr/share/dict/american-english") if w.strip().isalpha()]
@@ -67,9 +61,29 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][10:]
 v = sorted(r["tokens_per_s"] for r in rows)
 print(json.dumps({"peer": "orchard train d12 " + sys.argv[2], "steps": len(v), "median_tokens_per_s": round(v[len(v) // 2]),
-                  "peak_memory_mb": max(r.get("peak_memory_mb", 0) for r in rows)}))
+                  "peak_memory_mb": max(r.get("peak_memory_mb", 0) for r in rows),
+                  "loss_first_last": [rows[0].get("loss"), rows[-1].get("loss")],
+                  "grad_norm_first_last": [rows[0].get("grad_norm"), rows[-1].get("grad_norm")]}))
 PY
   done
+}
+case "${PHASE:-bench}" in
+bench)
+  OMP_NUM_THREADS=4 $B/orchard_unit_tests \
+    --gtest_filter='LinearCrossEntropy.*:Gpt.*:Autocast.*:Optimizers.*:Muon.*:NewtonSchulz.*:FusedTrain.*:MemoryPlan.*' \
+    > "$OUT/unit.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|SKIPPED \]" -A2 "$OUT/unit.log" | head -30 | log
+  A="cuda 12 768 6"
+  $B/orchard_bench_train $A 50304 16 1024 20 bf16 adamw 2>&1 | log
+  $B/orchard_bench_train $A 50304 16 1024 20 bf16 muon 2>&1 | log
+  $B/orchard_bench_train $A 50257 16 1024 20 bf16 muon 2>&1 | log
+  for o in adamw muon; do
+    ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 50304 16 1024 5 bf16 $o > /dev/null 2>&1
+    echo "trace: $o" | log
+    python3 bench/trace_summary.py $OUT/step.json 30 2>&1 | log
+    rm -f $OUT/step.json
+  done
+  orchard_train_runs
   if [ "${PEER:-0}" = 1 ]; then
     for m in "compile bf16 adamw" "compile bf16 muon"; do
       python3 bench/peers/gpt_train_step.py $A 50304 16 1024 20 $m 2>&1 | grep -E "^pytorch|Error" | log
@@ -86,6 +100,20 @@ peers)
   for o in ${D20_OPTIMS:-muon adamw}; do
     $B/orchard_bench_train $A20 bf16 $o 2>&1 | log
     python3 $P $A20 compile bf16 $o 2>&1 | grep -E "^pytorch|Error" | log
+  done
+  ;;
+train)
+  # Only the real trainer beside its bench binary (AdamW, then Muon).
+  for o in ${TRAIN_OPTIMS:-adamw muon}; do
+    $B/orchard_bench_train cuda 12 768 6 50304 16 1024 20 bf16 $o 2>&1 | log
+  done
+  orchard_train_runs
+  ;;
+d20)
+  A20="cuda 20 1280 10 50304 8 1024 15"
+  for o in ${D20_OPTIMS:-adamw muon}; do
+    $B/orchard_bench_train $A20 bf16 $o 2>&1 | log
+    [ "$o" = adamw ] && python3 bench/peers/gpt_train_step.py $A20 compile bf16 $o 2>&1 | grep -E "^pytorch|Error" | log
   done
   ;;
 memgrid)
