@@ -15,6 +15,10 @@
 #   (TRAIN_OPTIMS, default "adamw muon").
 # PHASE=d20: only d20 (D20_OPTIMS, default "adamw muon"): Orchard, then
 #   torch.compile for AdamW (the Muon peer is launch-bound; see d12).
+# PHASE=trace: orchard_bench_train d12 AdamW and torch.compile's AdamW peer
+#   side by side, then one step of each traced (Kineto; torch.profiler for
+#   the peer) and their kernels summed (TOP kernels, default 45). UNIT=1:
+#   the GPU unit tests first; TRAIN=1: then `orchard train` (TRAIN_OPTIMS).
 # PHASE=memgrid: bench/run_memory_grid.sh cuda (the planner's fit).
 # SKIP_BUILD=1: use the build a previous call on this warm machine left.
 # Results come back as $OUT/train_bench.txt and $OUT/logs.tgz.
@@ -31,6 +35,9 @@ elif [ "${PHASE:-bench}" = d20 ]; then
   device_build orchard_bench_train
 elif [ "${PHASE:-bench}" = train ]; then
   device_build orchard orchard_bench_train
+elif [ "${PHASE:-bench}" = trace ]; then
+  device_build orchard_bench_train orchard_bench_train_trace \
+    $([ "${UNIT:-0}" = 1 ] && echo orchard_unit_tests) $([ "${TRAIN:-0}" = 1 ] && echo orchard)
 else
   device_build orchard orchard_unit_tests orchard_bench_train orchard_bench_train_trace orchard_bench_memory
 fi
@@ -67,12 +74,15 @@ print(json.dumps({"peer": "orchard train d12 " + sys.argv[2], "steps": len(v), "
 PY
   done
 }
-case "${PHASE:-bench}" in
-bench)
+unit_tests() {
   OMP_NUM_THREADS=4 $B/orchard_unit_tests \
-    --gtest_filter='LinearCrossEntropy.*:Gpt.*:Autocast.*:Optimizers.*:Muon.*:NewtonSchulz.*:FusedTrain.*:MemoryPlan.*' \
+    --gtest_filter='LinearCrossEntropy.*:Gpt.*:Autocast.*:Optimizers.*:Muon.*:NewtonSchulz.*:FusedTrain.*:MemoryPlan.*:Trainer.*' \
     > "$OUT/unit.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|SKIPPED \]" -A2 "$OUT/unit.log" | head -30 | log
+}
+case "${PHASE:-bench}" in
+bench)
+  unit_tests
   A="cuda 12 768 6"
   $B/orchard_bench_train $A 50304 16 1024 20 bf16 adamw 2>&1 | log
   $B/orchard_bench_train $A 50304 16 1024 20 bf16 muon 2>&1 | log
@@ -108,6 +118,20 @@ train)
     $B/orchard_bench_train cuda 12 768 6 50304 16 1024 20 bf16 $o 2>&1 | log
   done
   orchard_train_runs
+  ;;
+trace)
+  [ "${UNIT:-0}" = 1 ] && unit_tests
+  A="cuda 12 768 6 50304 16 1024"
+  $B/orchard_bench_train $A 20 bf16 adamw 2>&1 | log
+  python3 bench/peers/gpt_train_step.py $A 20 compile bf16 adamw 2>&1 | grep -E "^pytorch|Error" | log
+  ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 5 bf16 adamw > /dev/null 2>&1
+  echo "trace: orchard adamw" | log
+  python3 bench/trace_summary.py $OUT/step.json ${TOP:-45} 2>&1 | log
+  PEER_TRACE=$OUT/peer.json python3 bench/peers/gpt_train_step.py $A 5 compile bf16 adamw > /dev/null 2>&1
+  echo "trace: torch.compile adamw" | log
+  python3 bench/trace_summary.py $OUT/peer.json ${TOP:-45} 2>&1 | log
+  rm -f $OUT/step.json $OUT/peer.json
+  [ "${TRAIN:-0}" = 1 ] && orchard_train_runs
   ;;
 d20)
   A20="cuda 20 1280 10 50304 8 1024 15"

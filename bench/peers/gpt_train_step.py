@@ -17,6 +17,9 @@ tokens, gradients averaged by DDP's reducer (buckets overlapped with the
 backward); tokens/s counts every rank's tokens (rank 0 prints):
 
   torchrun --nproc-per-node 2 gpt_train_step.py cuda 12 768 6 50304 16 1024 30 compile bf16
+
+PEER_TRACE=FILE: after timing, one more step under torch.profiler written
+to FILE as a Chrome trace (bench/trace_summary.py sums its kernels).
 """
 import os
 import resource
@@ -168,6 +171,20 @@ def main():
         sync()
         if s >= 3:
             times.append(time.perf_counter() - t0)
+    trace = os.environ.get("PEER_TRACE")
+    if trace and rank == 0:  # one more step under torch.profiler, as Chrome JSON
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(1):
+                with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16, enabled=prec == "bf16"):
+                    loss = step_fn(x, y)
+                for opt in opts:
+                    opt.zero_grad(set_to_none=True)
+                loss.backward()
+                for opt in opts:
+                    opt.step()
+            sync()
+        prof.export_chrome_trace(trace)
     times.sort()
     med = times[len(times) // 2]
     # CUDA: the allocator's peak; CPU: the process's peak RSS (as Orchard's

@@ -206,7 +206,9 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
     const int64_t D = qkv.size(2) / (H + 2 * Hkv);
     auto q = torch::empty({B, T, H, D}, qkv.options());
     auto k = torch::empty({B, T, Hkv, D}, qkv.options());
-    auto v = torch::empty({B, T, Hkv, D}, qkv.options());
+    // v is the product's own columns, not a copy (attention takes strided
+    // heads): a third of the kernel's traffic.
+    auto v = qkv.narrow(2, (H + Hkv) * D, Hkv * D).view({B, T, Hkv, D});
     auto rstd =
         torch::empty({B * T * (H + Hkv)}, qkv.options().dtype(torch::kFloat32));
     kernel::check(
@@ -217,7 +219,7 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
             sin.data_ptr(),
             q.data_ptr(),
             k.data_ptr(),
-            v.data_ptr(),
+            nullptr,
             rstd.data_ptr<float>(),
             B * T,
             T,
@@ -242,10 +244,23 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
     const int64_t Hkv = ctx->saved_data["Hkv"].toInt();
     const c10::cuda::CUDAGuard on_device(q.device());
     const int64_t B = q.size(0), T = q.size(1), D = q.size(3);
-    // An output nothing used has no gradient: zeros in its place.
+    // An output nothing used has no gradient: zeros in its place. The
+    // others are read where attention's backward left them (its layout,
+    // not necessarily (B, T, heads, D)) when each head's values are
+    // contiguous and 16-byte aligned, else copied.
     auto grad = [&](size_t i, const torch::Tensor& like) {
-      return grads[i].defined() ? aligned(grads[i].to(like.scalar_type()))
-                                : torch::zeros_like(like);
+      if (!grads[i].defined())
+        return torch::zeros_like(like);
+      auto g = grads[i].to(like.scalar_type());
+      const int64_t per16 = 16 / int64_t(g.element_size());
+      const bool readable = g.stride(3) == 1 &&
+          reinterpret_cast<uintptr_t>(g.data_ptr()) % 16 == 0 &&
+          g.stride(0) % per16 == 0 && g.stride(1) % per16 == 0 &&
+          g.stride(2) % per16 == 0;
+      return readable ? g : aligned(g);
+    };
+    auto strides = [](const torch::Tensor& g) {
+      return cuda::HeadStrides{g.stride(0), g.stride(1), g.stride(2)};
     };
     auto dq = grad(0, q), dk = grad(1, k);
     auto dv = grad(2, k);
@@ -256,6 +271,9 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
             dq.data_ptr(),
             dk.data_ptr(),
             dv.data_ptr(),
+            strides(dq),
+            strides(dk),
+            strides(dv),
             q.data_ptr(),
             k.data_ptr(),
             rstd.data_ptr<float>(),

@@ -346,28 +346,40 @@ TEST(FusedTrain, RotaryNormQkvKernelEqualsThePlainOpsWithGradients) {
           torch::arange(c.T, on).unsqueeze(1) * torch::rand({1, c.D / 2}, on);
       const auto cos = torch::cos(angle).to(dtype), sin = torch::sin(angle).to(dtype);
       ASSERT_TRUE(ops::rotary_norm_qkv_is_fused(qkv, c.H, c.Hkv, cos, sin));
-      for (int64_t part = 0; part < 3; ++part) {
-        const int64_t heads = part == 0 ? c.H : c.Hkv;
-        const auto w = torch::randn({c.B, c.T, heads, c.D}, on);
-        auto f = [&c, &cos, &sin, part](bool fused) {
-          return [&c, &cos, &sin, part, fused](const std::vector<torch::Tensor>& in) {
-            const double eps = 1e-6;
-            return (fused ? ops::rotary_norm_qkv(in[0], c.H, c.Hkv, cos, sin, eps)
-                          : ops::rotary_norm_qkv_reference(
-                                in[0], c.H, c.Hkv, cos, sin, eps))[part];
+      // heads_first: the gradients come back in attention's (B, heads, T,
+      // D) layout, which the kernel reads where it is.
+      for (const bool heads_first : {false, true})
+        for (int64_t part = 0; part < 3; ++part) {
+          const int64_t heads = part == 0 ? c.H : c.Hkv;
+          const auto w = torch::randn({c.B, c.T, heads, c.D}, on);
+          auto f = [&c, &cos, &sin, part, heads_first](bool fused) {
+            return [&c, &cos, &sin, part, heads_first, fused](
+                       const std::vector<torch::Tensor>& in) {
+              const double eps = 1e-6;
+              auto out =
+                  (fused ? ops::rotary_norm_qkv(in[0], c.H, c.Hkv, cos, sin, eps)
+                         : ops::rotary_norm_qkv_reference(
+                               in[0], c.H, c.Hkv, cos, sin, eps))[part];
+              return heads_first
+                  ? out.transpose(1, 2).contiguous().transpose(1, 2)
+                  : out;
+            };
           };
-        };
-        const auto got = run(f(true), {qkv}, w);
-        const auto want = run(f(false), {qkv}, w);
-        ASSERT_EQ(got.out.sizes(), want.out.sizes());
-        EXPECT_EQ(got.out.scalar_type(), dtype);
-        EXPECT_LT(relative_error(got.out, want.out), 2 * ulp(dtype))
-            << dtype << " D " << c.D << " part " << part;
-        // The backward reads the rounded outputs where the plain norm kept
-        // its float32 input: a few units in the last place.
-        EXPECT_LT(relative_error(got.grads[0], want.grads[0]), 8 * ulp(dtype))
-            << dtype << " D " << c.D << " part " << part;
-      }
+          const auto got = run(f(true), {qkv}, w);
+          const auto want = run(f(false), {qkv}, w);
+          ASSERT_EQ(got.out.sizes(), want.out.sizes());
+          EXPECT_EQ(got.out.scalar_type(), dtype);
+          EXPECT_LT(relative_error(got.out, want.out), 2 * ulp(dtype))
+              << dtype << " D " << c.D << " part " << part;
+          // The backward reads the rounded outputs where the plain norm
+          // kept its float32 input: a few units in the last place.
+          EXPECT_LT(relative_error(got.grads[0], want.grads[0]), 8 * ulp(dtype))
+              << dtype << " D " << c.D << " part " << part << " heads first "
+              << heads_first;
+        }
+      // v is the product's own columns.
+      const auto v = ops::rotary_norm_qkv(qkv, c.H, c.Hkv, cos, sin, 1e-6)[2];
+      EXPECT_EQ(v.data_ptr(), qkv.narrow(2, (c.H + c.Hkv) * c.D, 1).data_ptr());
     }
 }
 
@@ -416,6 +428,25 @@ TEST(FusedTrain, ResidualAddRmsNormKernelEqualsThePlainOpsWithGradients) {
             << c.residual << c.branch << c.out << " input " << k;
       }
     }
+  // The last block's sum feeds nothing (no gradient for it): only the
+  // norm's, at a width with a kernel of its own and one without.
+  for (const int64_t C : {768, 128}) {
+    const auto x = torch::randn({5, C}, on);
+    const auto b = torch::randn({5, C}, on).to(torch::kBFloat16);
+    const auto w = torch::randn({5, C}, on);
+    auto f = [](bool fused) {
+      return [fused](const std::vector<torch::Tensor>& in) {
+        return (fused ? ops::residual_add_rms_norm(in[0], in[1], 1e-6, torch::kBFloat16)
+                      : ops::residual_add_rms_norm_reference(
+                            in[0], in[1], 1e-6, torch::kBFloat16))
+            .second;
+      };
+    };
+    const auto got = run(f(true), {x, b}, w), want = run(f(false), {x, b}, w);
+    for (int k = 0; k < 2; ++k)
+      EXPECT_LT(relative_error(got.grads[k], want.grads[k]), 8 * ulp(torch::kBFloat16))
+          << "C " << C << " input " << k;
+  }
   // 100 values a row: the plain ops.
   const auto odd = torch::randn({3, 100}, on);
   EXPECT_FALSE(ops::residual_add_rms_norm_is_fused(odd, odd, torch::kFloat32));

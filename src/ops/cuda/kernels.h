@@ -254,8 +254,9 @@ int relu_square_backward(
 // D/2). q and k heads are rotated, o1 = T(T(x1 c) + T(x2 s)) and
 // o2 = T(T(x2 c) - T(x1 s)) for the halves x1 = x[:D/2], x2 = x[D/2:], then
 // normed, y = T(o * rstd) with rstd = rsqrt(mean(o^2) + eps) in float32;
-// v heads are copied. Writes q (tokens, H, D), k and v (tokens, Hkv, D)
-// and rstd (tokens * H for q, then tokens * Hkv for k; float32).
+// v heads are copied where v is given (else v is the caller's view of
+// qkv). Writes q (tokens, H, D), k and v (tokens, Hkv, D) and rstd
+// (tokens * H for q, then tokens * Hkv for k; float32).
 bool rotary_norm_qkv_supports(int64_t D);
 int rotary_norm_qkv(
     Dtype dtype,
@@ -274,15 +275,28 @@ int rotary_norm_qkv(
     float eps,
     void* stream);
 
+// Where head h of token t (of sequence b = token / T, position t % T)
+// starts in a gradient of q, k or v: b * batch + (t % T) * position +
+// h * head values; a head's D values are contiguous and its first is
+// 16-byte aligned. Attention's gradients come in its own layout, read
+// where they are rather than copied.
+struct HeadStrides {
+  int64_t batch, position, head;
+};
+
 // Its gradient: dqkv (tokens, H + 2 Hkv, D) from dq, dk, dv (the shapes of
-// q, k, v) and the outputs q, k and rstd: the norm's, do = T(rstd (dy -
-// y mean(dy y))), rotated back, dx1 = T(T(do1 c) - T(do2 s)),
-// dx2 = T(T(do1 s) + T(do2 c)); v's rows copied.
+// q, k, v, laid out as their strides say) and the outputs q, k and rstd:
+// the norm's, do = T(rstd (dy - y mean(dy y))), rotated back,
+// dx1 = T(T(do1 c) - T(do2 s)), dx2 = T(T(do1 s) + T(do2 c)); v's rows
+// copied.
 int rotary_norm_qkv_backward(
     Dtype dtype,
     const void* dq,
     const void* dk,
     const void* dv,
+    HeadStrides dq_at,
+    HeadStrides dk_at,
+    HeadStrides dv_at,
     const void* q,
     const void* k,
     const float* rstd,

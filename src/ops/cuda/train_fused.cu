@@ -580,6 +580,8 @@ struct HeadSlot {
   int64_t at;     // the row of rstd (q and k)
   int64_t offset; // the head's first value in q, k or v
   int64_t pos;    // the token's position: its row of the tables
+  int64_t seq;    // the token's sequence
+  int head;       // the head among q's, k's or v's
 };
 
 __device__ inline HeadSlot head_slot(
@@ -592,16 +594,202 @@ __device__ inline HeadSlot head_slot(
   const uint32_t heads = uint32_t(H + 2 * Hkv);
   const uint32_t tok = uint32_t(row) / heads;
   const int h = int(uint32_t(row) - tok * heads);
-  const int64_t pos = tok % uint32_t(T_len);
+  const uint32_t seq = tok / uint32_t(T_len);
+  const int64_t pos = int64_t(tok - seq * uint32_t(T_len));
   if (h < H)
-    return {0, int64_t(tok) * H + h, (int64_t(tok) * H + h) * D, pos};
+    return {0, int64_t(tok) * H + h, (int64_t(tok) * H + h) * D, pos, seq, h};
   if (h < H + Hkv)
     return {
         1,
         tokens * H + int64_t(tok) * Hkv + (h - H),
         (int64_t(tok) * Hkv + h - H) * D,
-        pos};
-  return {2, -1, (int64_t(tok) * Hkv + h - H - Hkv) * D, pos};
+        pos,
+        seq,
+        h - H};
+  return {
+      2,
+      -1,
+      (int64_t(tok) * Hkv + h - H - Hkv) * D,
+      pos,
+      seq,
+      h - H - Hkv};
+}
+
+// The first value of the slot's head in a gradient laid out as `at` says.
+template <typename T>
+__device__ inline const T* grad_head(
+    const T* dq,
+    const T* dk,
+    const T* dv,
+    const HeadStrides& dq_at,
+    const HeadStrides& dk_at,
+    const HeadStrides& dv_at,
+    const HeadSlot& slot) {
+  const HeadStrides& at =
+      slot.kind == 0 ? dq_at : slot.kind == 1 ? dk_at : dv_at;
+  const T* base = slot.kind == 0 ? dq : slot.kind == 1 ? dk : dv;
+  return base + slot.seq * at.batch + slot.pos * at.position +
+      int64_t(slot.head) * at.head;
+}
+
+// The sum over each aligned group of G lanes (G a power of two), in every
+// lane of the group; every lane of the warp calls it.
+template <int G>
+__device__ inline float group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Groups of G = D / (2 V) lanes a q or k head row, V = 16 / sizeof(T):
+// lane j of a group loads x1[jV .. jV+V) and x2 at the same offsets of the
+// second half, 16 bytes each, so the rotation needs no exchange between
+// lanes; a warp takes 32 / G rows at once. Only q's and k's rows: v is
+// the caller's view of the product. (The kernel below, 4-byte loads of a
+// whole row a warp, reached ~40 % of an H200's bandwidth at D = 128.)
+template <typename T, int G>
+__global__ void rotary_norm_qk_groups_kernel(
+    const T* __restrict__ qkv,
+    const T* __restrict__ cos,
+    const T* __restrict__ sin,
+    T* __restrict__ q,
+    T* __restrict__ k,
+    float* __restrict__ rstd,
+    int64_t tokens,
+    int64_t T_len,
+    int H,
+    int Hkv,
+    float eps) {
+  constexpr int V = 16 / sizeof(T), half = G * V, D = 2 * half;
+  constexpr int R = kWarp / G; // rows a warp at once
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  const int lane = threadIdx.x % kWarp, i = (lane % G) * V;
+  const uint32_t qk = uint32_t(H + Hkv), heads = uint32_t(H + 2 * Hkv);
+  const int64_t rows = tokens * qk;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t first =
+           (int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * R;
+       first < rows;
+       first += warps * R) {
+    const int64_t row = first + lane / G;
+    const bool on = row < rows;
+    const uint32_t tok = on ? uint32_t(row) / qk : 0;
+    const int h = on ? int(uint32_t(row) - tok * qk) : 0;
+    const int64_t pos = tok % uint32_t(T_len);
+    float x1[V] = {}, x2[V] = {}, c[V] = {}, s[V] = {};
+    if (on) {
+      const T* in = qkv + (int64_t(tok) * heads + h) * D;
+      load_values<T, V>(in + i, x1);
+      load_values<T, V>(in + half + i, x2);
+      load_values<T, V>(cos + pos * half + i, c);
+      load_values<T, V>(sin + pos * half + i, s);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float o1 = round_to<T>(
+          round_to<T>(x1[e] * c[e]) + round_to<T>(x2[e] * s[e]));
+      const float o2 = round_to<T>(
+          round_to<T>(x2[e] * c[e]) - round_to<T>(x1[e] * s[e]));
+      x1[e] = o1;
+      x2[e] = o2;
+      ss += o1 * o1 + o2 * o2;
+    }
+    const float r = rsqrtf(group_sum<G>(ss) / float(D) + eps);
+    if (!on)
+      continue;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      x1[e] *= r;
+      x2[e] *= r;
+    }
+    const bool is_q = h < H;
+    const int64_t at = is_q ? int64_t(tok) * H + h
+                            : tokens * H + int64_t(tok) * Hkv + (h - H);
+    T* out = is_q ? q + (int64_t(tok) * H + h) * D
+                  : k + (int64_t(tok) * Hkv + (h - H)) * D;
+    store_values<T, V>(out + i, x1);
+    store_values<T, V>(out + half + i, x2);
+    if (i == 0)
+      rstd[at] = r;
+  }
+}
+
+// Its gradient the same way: a group of lanes a head row of dqkv (v's rows
+// copied), the gradients read where attention left them.
+template <typename T, int G>
+__global__ void rotary_norm_qkv_groups_backward_kernel(
+    const T* __restrict__ dq,
+    const T* __restrict__ dk,
+    const T* __restrict__ dv,
+    HeadStrides dq_at,
+    HeadStrides dk_at,
+    HeadStrides dv_at,
+    const T* __restrict__ q,
+    const T* __restrict__ k,
+    const float* __restrict__ rstd,
+    const T* __restrict__ cos,
+    const T* __restrict__ sin,
+    T* __restrict__ dqkv,
+    int64_t tokens,
+    int64_t T_len,
+    int H,
+    int Hkv) {
+  constexpr int V = 16 / sizeof(T), half = G * V, D = 2 * half;
+  constexpr int R = kWarp / G;
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  const int lane = threadIdx.x % kWarp, i = (lane % G) * V;
+  const int64_t rows = tokens * (H + 2 * Hkv);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t first =
+           (int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * R;
+       first < rows;
+       first += warps * R) {
+    const int64_t row = first + lane / G;
+    const bool on = row < rows;
+    const HeadSlot slot = head_slot(on ? row : 0, tokens, H, Hkv, D, T_len);
+    const bool rotated = on && slot.kind != 2;
+    float d1[V] = {}, d2[V] = {}, y1[V] = {}, y2[V] = {};
+    if (on) {
+      const T* dy = grad_head(dq, dk, dv, dq_at, dk_at, dv_at, slot);
+      load_values<T, V>(dy + i, d1);
+      load_values<T, V>(dy + half + i, d2);
+    }
+    if (rotated) {
+      const T* y = (slot.kind == 0 ? q : k) + slot.offset;
+      load_values<T, V>(y + i, y1);
+      load_values<T, V>(y + half + i, y2);
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      dot += d1[e] * y1[e] + d2[e] * y2[e];
+    const float mean = group_sum<G>(dot) / float(D);
+    if (!on)
+      continue;
+    T* out = dqkv + row * D;
+    if (!rotated) {
+      store_values<T, V>(out + i, d1);
+      store_values<T, V>(out + half + i, d2);
+      continue;
+    }
+    const float r = rstd[slot.at];
+    float c[V], s[V];
+    load_values<T, V>(cos + slot.pos * half + i, c);
+    load_values<T, V>(sin + slot.pos * half + i, s);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
+      const float o2 = round_to<T>(r * (d2[e] - y2[e] * mean));
+      d1[e] = round_to<T>(o1 * c[e]) - round_to<T>(o2 * s[e]);
+      d2[e] = round_to<T>(o1 * s[e]) + round_to<T>(o2 * c[e]);
+    }
+    store_values<T, V>(out + i, d1);
+    store_values<T, V>(out + half + i, d2);
+  }
 }
 
 // One warp a head row of D = 64 P values: lane l holds x1[lP .. lP+P) and
@@ -626,6 +814,8 @@ __global__ void rotary_norm_qkv_kernel(
   const int i = (threadIdx.x % kWarp) * P;
   each_warp_row(tokens * (H + 2 * Hkv), [&](int64_t row) {
     const HeadSlot slot = head_slot(row, tokens, H, Hkv, D, T_len);
+    if (slot.kind == 2 && !v)
+      return;
     float x1[P], x2[P];
     load_values<T, P>(qkv + row * D + i, x1);
     load_values<T, P>(qkv + row * D + half + i, x2);
@@ -667,6 +857,9 @@ __global__ void rotary_norm_qkv_backward_kernel(
     const T* __restrict__ dq,
     const T* __restrict__ dk,
     const T* __restrict__ dv,
+    HeadStrides dq_at,
+    HeadStrides dk_at,
+    HeadStrides dv_at,
     const T* __restrict__ q,
     const T* __restrict__ k,
     const float* __restrict__ rstd,
@@ -684,7 +877,7 @@ __global__ void rotary_norm_qkv_backward_kernel(
   each_warp_row(tokens * (H + 2 * Hkv), [&](int64_t row) {
     const HeadSlot slot = head_slot(row, tokens, H, Hkv, D, T_len);
     T* out = dqkv + row * D;
-    const T* dy = (slot.kind == 0 ? dq : slot.kind == 1 ? dk : dv) + slot.offset;
+    const T* dy = grad_head(dq, dk, dv, dq_at, dk_at, dv_at, slot);
     float d1[P], d2[P];
     load_values<T, P>(dy + i, d1);
     load_values<T, P>(dy + half + i, d2);
@@ -800,6 +993,26 @@ unsigned row_blocks(int64_t rows) {
   return blocks_for(rows * kWarp);
 }
 
+// f(std::integral_constant<int, G>{}) where a head of D values of T splits
+// into groups of G = D / (2 V) lanes of V = 16 / sizeof(T) values a half
+// (G 4 to 32: D 64 to 256 in 16-bit types, 128 and 256 in float32), else
+// f(std::integral_constant<int, 0>{}): a warp a row.
+template <typename T, typename F>
+int by_group(int64_t D, F&& f) {
+  constexpr int64_t V = 16 / sizeof(T);
+  switch (D / (2 * V) * (D % (2 * V) == 0 ? 1 : 0)) {
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+  }
+  return f(std::integral_constant<int, 0>{});
+}
+
 } // namespace
 
 int rotary_norm_qkv(
@@ -825,6 +1038,24 @@ int rotary_norm_qkv(
   const int64_t rows = tokens * (H + 2 * Hkv);
   return dispatch(dtype, [&](auto zero) {
     using E = decltype(zero);
+    const int grouped = by_group<E>(D, [&](auto g) {
+      constexpr int G = decltype(g)::value;
+      if constexpr (G > 0) {
+        if (v) // the groups leave v to the caller's view
+          return -1;
+        const int64_t qk_rows = tokens * (H + Hkv);
+        return launch_dependent(
+            rotary_norm_qk_groups_kernel<E, G>,
+            dim3(row_blocks((qk_rows + kWarp / G - 1) / (kWarp / G))),
+            dim3(kThreads), cudaStream_t(stream), static_cast<const E*>(qkv),
+            static_cast<const E*>(cos), static_cast<const E*>(sin),
+            static_cast<E*>(q), static_cast<E*>(k), rstd, tokens, T, int(H),
+            int(Hkv), eps);
+      }
+      return -1;
+    });
+    if (grouped >= 0)
+      return grouped;
     return by_half(D, [&](auto p) {
       constexpr int P = decltype(p)::value;
       return launch_dependent(
@@ -842,6 +1073,9 @@ int rotary_norm_qkv_backward(
     const void* dq,
     const void* dk,
     const void* dv,
+    HeadStrides dq_at,
+    HeadStrides dk_at,
+    HeadStrides dv_at,
     const void* q,
     const void* k,
     const float* rstd,
@@ -861,14 +1095,30 @@ int rotary_norm_qkv_backward(
   const int64_t rows = tokens * (H + 2 * Hkv);
   return dispatch(dtype, [&](auto zero) {
     using E = decltype(zero);
+    const int grouped = by_group<E>(D, [&](auto g) {
+      constexpr int G = decltype(g)::value;
+      if constexpr (G > 0)
+        return launch_dependent(
+            rotary_norm_qkv_groups_backward_kernel<E, G>,
+            dim3(row_blocks((rows + kWarp / G - 1) / (kWarp / G))),
+            dim3(kThreads), cudaStream_t(stream), static_cast<const E*>(dq),
+            static_cast<const E*>(dk), static_cast<const E*>(dv), dq_at,
+            dk_at, dv_at, static_cast<const E*>(q),
+            static_cast<const E*>(k), rstd, static_cast<const E*>(cos),
+            static_cast<const E*>(sin), static_cast<E*>(dqkv), tokens, T,
+            int(H), int(Hkv));
+      return -1;
+    });
+    if (grouped >= 0)
+      return grouped;
     return by_half(D, [&](auto p) {
       constexpr int P = decltype(p)::value;
       return launch_dependent(
           rotary_norm_qkv_backward_kernel<E, P>,
           dim3(row_blocks(rows)), dim3(kThreads),
           cudaStream_t(stream), static_cast<const E*>(dq),
-          static_cast<const E*>(dk), static_cast<const E*>(dv),
-          static_cast<const E*>(q), static_cast<const E*>(k), rstd,
+          static_cast<const E*>(dk), static_cast<const E*>(dv), dq_at,
+          dk_at, dv_at, static_cast<const E*>(q), static_cast<const E*>(k), rstd,
           static_cast<const E*>(cos), static_cast<const E*>(sin),
           static_cast<E*>(dqkv), tokens, T, int(H), int(Hkv));
     });
@@ -965,6 +1215,130 @@ __global__ void residual_add_rms_norm_backward_kernel(
   });
 }
 
+// The same two kernels for a width known at compile time, C = 128 N: a
+// lane keeps its N groups of four values of the row in registers, so every
+// load of the row is issued before the sum needs any of them and nothing
+// is read twice (the loops above reached 45-55 % of an H200's bandwidth at
+// C = 768; the row in registers is what a compiled persistent reduction
+// does). Same arithmetic, same roundings.
+template <typename TS, typename TB, typename TY, int N>
+__global__ void residual_add_rms_norm_row_kernel(
+    const TS* __restrict__ x,
+    const TB* __restrict__ b,
+    TS* __restrict__ s,
+    TY* __restrict__ y,
+    float* __restrict__ rstd,
+    int64_t rows,
+    float eps) {
+  constexpr int C = kWarp * 4 * N;
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  const int lane = threadIdx.x % kWarp;
+  each_warp_row(rows, [&](int64_t row) {
+    const int64_t base = row * C + lane * 4;
+    float xv[N][4], bv[N][4];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      load_values<TS, 4>(x + base + j * kWarp * 4, xv[j]);
+      load_values<TB, 4>(b + base + j * kWarp * 4, bv[j]);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        xv[j][e] = round_to<TS>(xv[j][e] + bv[j][e]);
+        ss += xv[j][e] * xv[j][e];
+      }
+    const float r = rsqrtf(warp_sum(ss) / float(C) + eps);
+    if (lane == 0)
+      rstd[row] = r;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      store_values<TS, 4>(s + base + j * kWarp * 4, xv[j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        xv[j][e] *= r;
+      store_values<TY, 4>(y + base + j * kWarp * 4, xv[j]);
+    }
+  });
+}
+
+template <typename TS, typename TB, typename TY, int N>
+__global__ void residual_add_rms_norm_row_backward_kernel(
+    const TS* __restrict__ ds,
+    const TY* __restrict__ dy,
+    const TS* __restrict__ s,
+    const float* __restrict__ rstd,
+    TS* __restrict__ dx,
+    TB* __restrict__ db,
+    int64_t rows) {
+  constexpr int C = kWarp * 4 * N;
+  wait_for_previous_kernels();
+  let_next_kernel_start();
+  const int lane = threadIdx.x % kWarp;
+  each_warp_row(rows, [&](int64_t row) {
+    const int64_t base = row * C + lane * 4;
+    const float r = rstd[row];
+    float d[N][4], v[N][4], g[N][4];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      load_values<TY, 4>(dy + base + j * kWarp * 4, d[j]);
+      load_values<TS, 4>(s + base + j * kWarp * 4, v[j]);
+      if (ds)
+        load_values<TS, 4>(ds + base + j * kWarp * 4, g[j]);
+      else
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          g[j][e] = 0.f;
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dot += d[j][e] * (v[j][e] * r);
+    const float mean = warp_sum(dot) / float(C);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        g[j][e] = round_to<TS>(
+            g[j][e] + round_to<TS>(r * (d[j][e] - v[j][e] * r * mean)));
+      store_values<TS, 4>(dx + base + j * kWarp * 4, g[j]);
+      if (db)
+        store_values<TB, 4>(db + base + j * kWarp * 4, g[j]);
+    }
+  });
+}
+
+// f(std::integral_constant<int, N>{}) for the widths C = 128 N with a
+// kernel of their own (the GPT widths 256 to 1536; wider rows would not
+// fit a lane's registers three times over), else
+// f(std::integral_constant<int, 0>{}): the loops.
+template <typename F>
+int by_row_groups(int64_t C, F&& f) {
+  switch (C / (kWarp * 4)) {
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 10:
+      return f(std::integral_constant<int, 10>{});
+    case 12:
+      return f(std::integral_constant<int, 12>{});
+  }
+  return f(std::integral_constant<int, 0>{});
+}
+
 // f(TS{}, TB{}, TY{}) for the supported triples, else
 // cudaErrorInvalidValue.
 template <typename F>
@@ -1018,11 +1392,21 @@ int residual_add_rms_norm(
     using TS = decltype(zs);
     using TB = decltype(zb);
     using TY = decltype(zy);
-    return launch_dependent(
-        residual_add_rms_norm_kernel<TS, TB, TY>, dim3(row_blocks(rows)),
-        dim3(kThreads), cudaStream_t(stream), static_cast<const TS*>(x),
-        static_cast<const TB*>(b), static_cast<TS*>(s), static_cast<TY*>(y),
-        rstd, rows, C, eps);
+    return by_row_groups(C, [&](auto n) {
+      constexpr int N = decltype(n)::value;
+      if constexpr (N > 0)
+        return launch_dependent(
+            residual_add_rms_norm_row_kernel<TS, TB, TY, N>,
+            dim3(row_blocks(rows)), dim3(kThreads), cudaStream_t(stream),
+            static_cast<const TS*>(x), static_cast<const TB*>(b),
+            static_cast<TS*>(s), static_cast<TY*>(y), rstd, rows, eps);
+      else
+        return launch_dependent(
+            residual_add_rms_norm_kernel<TS, TB, TY>, dim3(row_blocks(rows)),
+            dim3(kThreads), cudaStream_t(stream), static_cast<const TS*>(x),
+            static_cast<const TB*>(b), static_cast<TS*>(s),
+            static_cast<TY*>(y), rstd, rows, C, eps);
+    });
   });
 }
 
@@ -1047,12 +1431,23 @@ int residual_add_rms_norm_backward(
     using TS = decltype(zs);
     using TB = decltype(zb);
     using TY = decltype(zy);
-    return launch_dependent(
-        residual_add_rms_norm_backward_kernel<TS, TB, TY>,
-        dim3(row_blocks(rows)), dim3(kThreads), cudaStream_t(stream),
-        static_cast<const TS*>(ds), static_cast<const TY*>(dy),
-        static_cast<const TS*>(s), rstd, static_cast<TS*>(dx),
-        static_cast<TB*>(db), rows, C);
+    return by_row_groups(C, [&](auto n) {
+      constexpr int N = decltype(n)::value;
+      if constexpr (N > 0)
+        return launch_dependent(
+            residual_add_rms_norm_row_backward_kernel<TS, TB, TY, N>,
+            dim3(row_blocks(rows)), dim3(kThreads), cudaStream_t(stream),
+            static_cast<const TS*>(ds), static_cast<const TY*>(dy),
+            static_cast<const TS*>(s), rstd, static_cast<TS*>(dx),
+            static_cast<TB*>(db), rows);
+      else
+        return launch_dependent(
+            residual_add_rms_norm_backward_kernel<TS, TB, TY>,
+            dim3(row_blocks(rows)), dim3(kThreads), cudaStream_t(stream),
+            static_cast<const TS*>(ds), static_cast<const TY*>(dy),
+            static_cast<const TS*>(s), rstd, static_cast<TS*>(dx),
+            static_cast<TB*>(db), rows, C);
+    });
   });
 }
 
