@@ -34,6 +34,19 @@ def main(path, top):
           f"({100 * busy / span:.0f} %)")
     for name, (n, d) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"  {d / 1e3:7.2f} ms {n:5d}x  {name[:110]}")
+    # Where the GPU waited: the longest gaps between one kernel's end and
+    # the next one's start, with the kernels on either side.
+    kern.sort(key=lambda e: e["ts"])
+    gaps, end, before = [], None, None
+    for e in kern:
+        if end is not None and e["ts"] > end:
+            gaps.append((e["ts"] - end, before, e["name"]))
+        if end is None or e["ts"] + e["dur"] > end:
+            end, before = e["ts"] + e["dur"], e["name"]
+    idle = sum(g for g, _, _ in gaps)
+    print(f"  idle {idle / 1e3:.2f} ms in {len(gaps)} gaps; the longest:")
+    for g, a, b in sorted(gaps, key=lambda t: -t[0])[:8]:
+        print(f"    {g / 1e3:6.3f} ms after {a[:45]} | before {b[:45]}")
 
 
 def ops(path, top):

@@ -18,7 +18,8 @@
 # PHASE=trace: orchard_bench_train d12 AdamW and torch.compile's AdamW peer
 #   side by side, then one step of each traced (Kineto; torch.profiler for
 #   the peer) and their kernels summed (TOP kernels, default 45). UNIT=1:
-#   the GPU unit tests first; TRAIN=1: then `orchard train` (TRAIN_OPTIMS).
+#   the GPU unit tests first; TRAIN=1: then `orchard train` (TRAIN_OPTIMS);
+#   TRACES=0: no traces.
 # PHASE=memgrid: bench/run_memory_grid.sh cuda (the planner's fit).
 # SKIP_BUILD=1: use the build a previous call on this warm machine left.
 # Results come back as $OUT/train_bench.txt and $OUT/logs.tgz.
@@ -58,6 +59,8 @@ with open(sys.argv[1], "w") as f:
 PY
   for o in ${TRAIN_OPTIMS:-muon adamw}; do
     rm -rf $W/run
+    # TRACE_STEP=N: that step of the real trainer traced (launch to logging).
+    ${TRACE_STEP:+env ORCHARD_TRACE=$OUT/train_$o.json ORCHARD_TRACE_STEP=$TRACE_STEP} \
     $B/orchard train --device cuda "data_paths=[$W/corpus.txt]" tokenizer=gpt2 depth=12 max_seq_len=1024 \
       total_batch_size=16384 device_batch_size=16 num_iterations=${STEPS:-60} eval_every=0 sample_every=0 \
       save_every=0 eval_tokens=16384 optimizer=$o run_dir=$W/run > "$OUT/orchard_train_$o.log" 2>&1 \
@@ -72,6 +75,11 @@ print(json.dumps({"peer": "orchard train d12 " + sys.argv[2], "steps": len(v), "
                   "loss_first_last": [rows[0].get("loss"), rows[-1].get("loss")],
                   "grad_norm_first_last": [rows[0].get("grad_norm"), rows[-1].get("grad_norm")]}))
 PY
+    if [ -n "${TRACE_STEP:-}" ] && [ -f "$OUT/train_$o.json" ]; then
+      echo "trace: orchard train $o, step $TRACE_STEP" | log
+      python3 bench/trace_summary.py "$OUT/train_$o.json" 12 2>&1 | log
+      rm -f "$OUT/train_$o.json"
+    fi
   done
 }
 unit_tests() {
@@ -124,13 +132,15 @@ trace)
   A="cuda 12 768 6 50304 16 1024"
   $B/orchard_bench_train $A 20 bf16 adamw 2>&1 | log
   python3 bench/peers/gpt_train_step.py $A 20 compile bf16 adamw 2>&1 | grep -E "^pytorch|Error" | log
-  ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 5 bf16 adamw > /dev/null 2>&1
-  echo "trace: orchard adamw" | log
-  python3 bench/trace_summary.py $OUT/step.json ${TOP:-45} 2>&1 | log
-  PEER_TRACE=$OUT/peer.json python3 bench/peers/gpt_train_step.py $A 5 compile bf16 adamw > /dev/null 2>&1
-  echo "trace: torch.compile adamw" | log
-  python3 bench/trace_summary.py $OUT/peer.json ${TOP:-45} 2>&1 | log
-  rm -f $OUT/step.json $OUT/peer.json
+  if [ "${TRACES:-1}" = 1 ]; then
+    ORCHARD_TRACE=$OUT/step.json $B/orchard_bench_train_trace $A 5 bf16 adamw > /dev/null 2>&1
+    echo "trace: orchard adamw" | log
+    python3 bench/trace_summary.py $OUT/step.json ${TOP:-45} 2>&1 | log
+    PEER_TRACE=$OUT/peer.json python3 bench/peers/gpt_train_step.py $A 5 compile bf16 adamw > /dev/null 2>&1
+    echo "trace: torch.compile adamw" | log
+    python3 bench/trace_summary.py $OUT/peer.json ${TOP:-45} 2>&1 | log
+    rm -f $OUT/step.json $OUT/peer.json
+  fi
   [ "${TRAIN:-0}" = 1 ] && orchard_train_runs
   ;;
 d20)

@@ -28,6 +28,10 @@
   (TORCH_VERSION_MAJOR > 2 ||           \
    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
+// libtorch 2.x's Kineto profiler: CPU ops and CUDA kernels of a stretch of
+// the program in one Chrome trace (train/step_trace.h).
+#define ORCHARD_KINETO_TRACE (TORCH_VERSION_MAJOR >= 2)
+
 // Not a compile-time difference, but one of linking: PyTorch 2.x's
 // libtorch.so exports std::filesystem::remove_all, which then replaces the
 // system libstdc++'s at run time and crashes. core/files.h's remove_tree is
@@ -98,6 +102,34 @@ inline torch::Tensor fused_attention(
 #else
   throw std::logic_error("[fused_attention] needs libtorch 2.x");
 #endif
+}
+
+// libtorch 2.10 has products of 16-bit CUDA matrices that write float32
+// (the out_dtype overloads of at::mm and at::addmm; cuBLAS accumulates in
+// float32 either way): a float32 weight's gradient made by the product,
+// with no 16-bit copy to cast.
+#define ORCHARD_MM_OUT_DTYPE \
+  (TORCH_VERSION_MAJOR > 2 || \
+   (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10))
+
+// acc += a b where acc is a float32 CUDA matrix and a, b are 16-bit ones of
+// one dtype, the sum made by the product. false: not available or not
+// these dtypes (nothing done; the caller adds).
+inline bool add_product_float32(
+    torch::Tensor& acc,
+    const torch::Tensor& a,
+    const torch::Tensor& b) {
+#if ORCHARD_MM_OUT_DTYPE
+  if (acc.is_cuda() && acc.scalar_type() == torch::kFloat32 &&
+      (a.scalar_type() == torch::kBFloat16 ||
+       a.scalar_type() == torch::kFloat16) &&
+      b.scalar_type() == a.scalar_type()) {
+    at::addmm_out(acc, acc, a, b, torch::kFloat32);
+    return true;
+  }
+#endif
+  (void)acc, (void)a, (void)b;
+  return false;
 }
 
 // libtorch 2.9 has a fused RMSNorm on CUDA (one kernel forward, one

@@ -6,6 +6,7 @@
 #include "ops/attention.h"
 #include "ops/linear_cross_entropy.h"
 #include "ops/fused_train.h"
+#include "ops/linear.h"
 #include "ops/rms_norm.h"
 
 #include <cmath>
@@ -121,7 +122,7 @@ std::array<torch::Tensor, 3> CausalSelfAttentionImpl::qkv(
   const int64_t B = x.size(0), T = x.size(1);
   const torch::Tensor stacked = stacked_weight();
   if (stacked.defined()) {
-    auto y = torch::nn::functional::linear(x, stacked)
+    auto y = ops::autocast_linear(x, stacked)
                  .split_with_sizes(
                      {n_head * head_dim,
                       n_kv_head * head_dim,
@@ -149,7 +150,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(
   if (const auto stacked = stacked_weight(); stacked.defined()) {
     // One product, then rotary, QK-norm and the split in one kernel on CUDA.
     auto out = ops::rotary_norm_qkv(
-        torch::nn::functional::linear(x, stacked),
+        ops::autocast_linear(x, stacked),
         n_head,
         n_kv_head,
         cos,

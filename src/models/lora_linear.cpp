@@ -44,6 +44,8 @@ torch::Tensor ProjImpl::forward(const torch::Tensor& x) {
     auto lead = x.sizes().vec();
     lead.back() = out_features;
     y = base(x.reshape({-1, in_features})).view(lead);
+  } else if (!bias.defined() && ops::autocast_linear_is_fused(x, weight)) {
+    y = ops::autocast_linear(x, weight); // the weight's gradient in float32
   } else {
     y = x.dim() == 2 ? ops::linear(x, weight, bias) : F::linear(x, weight, bias);
   }

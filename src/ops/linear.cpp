@@ -1,7 +1,10 @@
 #include "ops/linear.h"
 
+#include "core/torch_compat.h"
 #include "ops/kernel_call.h"
 #include "ops/silu_mul.h"
+
+#include <torch/csrc/autograd/custom_function.h>
 
 #ifdef ORCHARD_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -82,6 +85,74 @@ torch::Tensor run_matvec(
 
 } // namespace
 #endif
+
+bool autocast_linear_is_fused(
+    const torch::Tensor& x,
+    const torch::Tensor& weight) {
+#if ORCHARD_MM_OUT_DTYPE
+  const auto dtype = compat::autocast_dtype(torch::kCUDA);
+  return x.is_cuda() && weight.is_cuda() && weight.dim() == 2 &&
+      x.dim() >= 1 && x.size(-1) == weight.size(1) &&
+      weight.scalar_type() == torch::kFloat32 && weight.requires_grad() &&
+      torch::GradMode::is_enabled() &&
+      (dtype == torch::kBFloat16 || dtype == torch::kFloat16) &&
+      (x.scalar_type() == dtype || x.scalar_type() == torch::kFloat32);
+#else
+  (void)x, (void)weight;
+  return false;
+#endif
+}
+
+#if ORCHARD_MM_OUT_DTYPE
+namespace {
+
+struct AutocastLinear : torch::autograd::Function<AutocastLinear> {
+  static torch::Tensor forward(
+      torch::autograd::AutogradContext* ctx,
+      const torch::Tensor& x,
+      const torch::Tensor& weight,
+      int64_t dtype) {
+    const auto low = static_cast<torch::ScalarType>(dtype);
+    auto x2 = x.to(low).reshape({-1, x.size(-1)});
+    auto w = weight.to(low);
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    ctx->save_for_backward({x2, w});
+    ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    return at::mm(x2, w.t()).view(sizes);
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x2 = saved[0], &w = saved[1];
+    auto dy = grads[0].reshape({-1, w.size(0)}).to(w.scalar_type());
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0))
+      dx = at::mm(dy, w)
+               .view(ctx->saved_data["x_sizes"].toIntVector())
+               .to(static_cast<torch::ScalarType>(
+                   ctx->saved_data["x_dtype"].toInt()));
+    if (ctx->needs_input_grad(1))
+      dw = at::mm(dy.t(), x2, torch::kFloat32);
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+} // namespace
+#endif
+
+torch::Tensor autocast_linear(
+    const torch::Tensor& x,
+    const torch::Tensor& weight) {
+#if ORCHARD_MM_OUT_DTYPE
+  if (autocast_linear_is_fused(x, weight))
+    return AutocastLinear::apply(
+        x, weight, int64_t(compat::autocast_dtype(torch::kCUDA)));
+#endif
+  return torch::nn::functional::linear(x, weight);
+}
 
 torch::Tensor linear(
     const torch::Tensor& x,

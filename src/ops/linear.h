@@ -24,6 +24,21 @@ bool linear_is_matvec(
     const torch::Tensor& weight,
     const torch::Tensor& bias = {});
 
+// x W^T for training under CUDA autocast (16-bit) with a float32 weight
+// that takes a gradient and no bias: the product in autocast's dtype, as
+// F::linear computes it there, but the weight's gradient written float32
+// by the product itself (libtorch 2.10+), not made 16-bit and then cast
+// (a d12 GPT step's 48 casts), and not rounded to 16 bits on the way.
+// Elsewhere F::linear(x, weight).
+torch::Tensor autocast_linear(
+    const torch::Tensor& x,
+    const torch::Tensor& weight);
+
+// Whether autocast_linear(x, weight) takes the float32-gradient product.
+bool autocast_linear_is_fused(
+    const torch::Tensor& x,
+    const torch::Tensor& weight);
+
 // SwiGLU: silu(g) * u where g and u are the two halves of
 // linear(x, weight, bias) (weight stacks the gate's rows over the up's, as
 // prepare_inference() stacks gate_proj and up_proj), each op rounding to

@@ -88,7 +88,9 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     torch::Tensor dh = need_h ? torch::empty_like(h) : torch::Tensor();
     // In the head's own dtype (float32 master weights): what its .grad
     // holds.
-    torch::Tensor dw = need_w ? torch::zeros_like(w) : torch::Tensor();
+    torch::Tensor dw = need_w && !kernel_takes(h, targets)
+        ? torch::zeros_like(w)
+        : torch::Tensor();
     const auto acc = loss_arithmetic(h.scalar_type());
     auto total = torch::zeros({}, h.options().dtype(acc));
     if (kernel_takes(h, targets)) {
@@ -104,6 +106,11 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       auto wm = w.to(dtype);
       if (padded != V)
         wm = at::constant_pad_nd(wm, {0, 0, 0, padded - V});
+      // The head's gradient summed with the padded rows too (theirs is 0):
+      // a product of the padded height, which cuBLAS runs at full rate
+      // (50,257 rows took a slower kernel: 3.0 against 1.7 ms a d12 step).
+      if (need_w)
+        dw = torch::zeros({padded, w.size(1)}, w.options());
       for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t n = std::min(chunk, rows - r0);
         auto hc = h.narrow(0, r0, n).to(dtype);
@@ -113,9 +120,14 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
         // z now holds the gradient (zero in the padded columns).
         if (need_h)
           dh.narrow(0, r0, n).copy_(at::mm(z, wm));
-        if (need_w)
-          dw.add_(at::mm(z.t(), hc).narrow(0, 0, V));
+        // The head's gradient summed in float32 by the product itself
+        // where libtorch can (no 16-bit copy added in a pass of its own:
+        // 0.56 ms a d12 step on an H200).
+        if (need_w && !compat::add_product_float32(dw, z.t(), hc))
+          dw.add_(at::mm(z.t(), hc));
       }
+      if (need_w && padded != V)
+        dw = dw.narrow(0, 0, V);
       ctx->save_for_backward({dh, dw});
       return total;
     }

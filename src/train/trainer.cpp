@@ -9,6 +9,7 @@
 #include "dist/world.h"
 #include "train/schedule.h"
 #include "train/sharded_optimizer.h"
+#include "train/step_trace.h"
 #include "train/train_state.h"
 
 #include <atomic>
@@ -571,7 +572,9 @@ TrainerResult Trainer::run() {
       row[name] = v;
     metrics->write(row);
   };
+  StepTrace trace; // ORCHARD_TRACE, ORCHARD_TRACE_STEP
   for (int64_t step = start; step < opt_.total_steps; ++step) {
+    trace.begin(step);
     const double t0 = now_s();
     double loss = 0, grad_norm = 0;
     bool applied = true;
@@ -682,6 +685,7 @@ TrainerResult Trainer::run() {
       row.emplace(k, v);
     if (leader)
       metrics->write(row);
+    trace.end(step);
     const bool last = done == opt_.total_steps;
     if (leader && opt_.eval_every > 0 && done % opt_.eval_every == 0 && !last) {
       evaluate(done);

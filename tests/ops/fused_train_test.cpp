@@ -3,7 +3,9 @@
 // finite differences in float64), and each CUDA kernel against the plain
 // definition, values and gradients, in float32, bfloat16 and float16, over
 // odd shapes (skipped where the kernels are not built or there is no GPU).
+#include "core/torch_compat.h"
 #include "ops/fused_train.h"
+#include "ops/linear.h"
 #include "ops/op_test_util.h"
 
 #include <gtest/gtest.h>
@@ -451,5 +453,47 @@ TEST(FusedTrain, ResidualAddRmsNormKernelEqualsThePlainOpsWithGradients) {
   const auto odd = torch::randn({3, 100}, on);
   EXPECT_FALSE(ops::residual_add_rms_norm_is_fused(odd, odd, torch::kFloat32));
 }
+TEST(FusedTrain, AutocastLinearMakesTheWeightGradientInFloat32) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  torch::manual_seed(12);
+  const torch::Device cuda(torch::kCUDA, 0);
+  const auto x0 = torch::randn({3, 37, 96}, cuda).to(torch::kBFloat16);
+  const auto w0 = torch::randn({160, 96}, cuda) * 0.1;
+  const auto wy = torch::randn({3, 37, 160}, cuda);
+  struct Out {
+    torch::Tensor y, dx, dw;
+  };
+  auto step = [&](bool fused) {
+    auto x = x0.clone().requires_grad_(true);
+    auto w = w0.clone().requires_grad_(true);
+    torch::Tensor y;
+    {
+      compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+      EXPECT_EQ(ops::autocast_linear_is_fused(x, w), bool(ORCHARD_MM_OUT_DTYPE));
+      y = fused ? ops::autocast_linear(x, w) : torch::nn::functional::linear(x, w);
+    }
+    (y.to(torch::kFloat32) * wy).sum().backward();
+    return Out{y, x.grad(), w.grad()};
+  };
+  const Out got = step(true), plain = step(false);
+  EXPECT_EQ(got.y.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(relative_error(got.y, plain.y), ulp(torch::kBFloat16));
+  EXPECT_EQ(got.dx.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(relative_error(got.dx, plain.dx), ulp(torch::kBFloat16));
+  // The weight's gradient against float64 from the same 16-bit operands
+  // (the incoming gradient as the backward rounds it): float32-exact where
+  // the product writes float32, bfloat16-rounded where it is cast after.
+  auto dy = wy.to(torch::kBFloat16).to(torch::kFloat64).reshape({-1, 160});
+  auto want = dy.t().mm(x0.to(torch::kFloat64).reshape({-1, 96}));
+  EXPECT_EQ(got.dw.scalar_type(), torch::kFloat32);
+  const double plain_error = relative_error(plain.dw, want);
+  EXPECT_GT(plain_error, 1e-4);
+  if (ORCHARD_MM_OUT_DTYPE)
+    EXPECT_LT(relative_error(got.dw, want), plain_error / 10);
+  else
+    EXPECT_EQ(relative_error(got.dw, plain.dw), 0.0);
+}
+
 } // namespace
 } // namespace orchard

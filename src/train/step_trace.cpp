@@ -1,0 +1,59 @@
+#include "train/step_trace.h"
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+
+#if ORCHARD_KINETO_TRACE
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <set>
+#endif
+
+#include <cstdlib>
+
+namespace orchard::train {
+
+StepTrace::StepTrace() {
+  const char* path = std::getenv("ORCHARD_TRACE");
+  const char* step = std::getenv("ORCHARD_TRACE_STEP");
+  if (!path || !step)
+    return;
+  char* end = nullptr;
+  const long long n = std::strtoll(step, &end, 10);
+  if (end == step || *end != '\0' || n < 1)
+    throw UserError(
+        std::string("ORCHARD_TRACE_STEP='") + step +
+        "' is not a step number (1 or more). Set it to the step to trace, "
+        "or unset it.");
+  if (!ORCHARD_KINETO_TRACE)
+    throw UserError(
+        "ORCHARD_TRACE needs libtorch 2.x (its Kineto profiler); this build "
+        "has libtorch " + compat::torch_version() + ". Unset ORCHARD_TRACE.");
+  path_ = path;
+  step_ = n - 1;
+}
+
+void StepTrace::begin(int64_t step) {
+  if (step != step_)
+    return;
+#if ORCHARD_KINETO_TRACE
+  namespace kp = torch::profiler::impl;
+  kp::ProfilerConfig cfg(kp::ProfilerState::KINETO);
+  const std::set<kp::ActivityType> act = {
+      kp::ActivityType::CPU, kp::ActivityType::CUDA};
+  torch::autograd::profiler::prepareProfiler(cfg, act);
+  torch::autograd::profiler::enableProfiler(cfg, act);
+  on_ = true;
+#endif
+}
+
+void StepTrace::end(int64_t step) {
+  if (step != step_ || !on_)
+    return;
+#if ORCHARD_KINETO_TRACE
+  torch::autograd::profiler::disableProfiler()->save(path_);
+  on_ = false;
+#endif
+}
+
+} // namespace orchard::train
