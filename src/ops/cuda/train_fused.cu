@@ -752,9 +752,7 @@ __global__ void rotary_norm_qkv_groups_backward_kernel(
     const bool on = row < rows;
     const HeadSlot slot = head_slot(on ? row : 0, tokens, H, Hkv, D, T_len);
     const bool rotated = on && slot.kind != 2;
-    // Every load issued before the sum waits on any of them.
-    float d1[V] = {}, d2[V] = {}, y1[V] = {}, y2[V] = {}, c[V], s[V];
-    float r = 0.f;
+    float d1[V] = {}, d2[V] = {}, y1[V] = {}, y2[V] = {};
     if (on) {
       const T* dy = grad_head(dq, dk, dv, dq_at, dk_at, dv_at, slot);
       load_values<T, V>(dy + i, d1);
@@ -764,9 +762,6 @@ __global__ void rotary_norm_qkv_groups_backward_kernel(
       const T* y = (slot.kind == 0 ? q : k) + slot.offset;
       load_values<T, V>(y + i, y1);
       load_values<T, V>(y + half + i, y2);
-      load_values<T, V>(cos + slot.pos * half + i, c);
-      load_values<T, V>(sin + slot.pos * half + i, s);
-      r = rstd[slot.at];
     }
     float dot = 0.f;
 #pragma unroll
@@ -781,6 +776,12 @@ __global__ void rotary_norm_qkv_groups_backward_kernel(
       store_values<T, V>(out + half + i, d2);
       continue;
     }
+    // The tables and rstd after the sum: loaded before it, with the rest,
+    // the kernel took 1.07 ms a d12 step against 0.90 (H200).
+    const float r = rstd[slot.at];
+    float c[V], s[V];
+    load_values<T, V>(cos + slot.pos * half + i, c);
+    load_values<T, V>(sin + slot.pos * half + i, s);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
