@@ -154,10 +154,7 @@ def main():
     x = torch.randint(0, V, (B, T), device=dev)
     y = torch.randint(0, V, (B, T), device=dev)
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
-    times = []
-    for s in range(steps + 3):
-        sync()
-        t0 = time.perf_counter()
+    def train_step():
         if prec == "bf16":
             with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
                 loss = step_fn(x, y)
@@ -168,6 +165,12 @@ def main():
         loss.backward()
         for opt in opts:
             opt.step()
+
+    times = []
+    for s in range(steps + 3):
+        sync()
+        t0 = time.perf_counter()
+        train_step()
         sync()
         if s >= 3:
             times.append(time.perf_counter() - t0)
@@ -175,14 +178,7 @@ def main():
     if trace and rank == 0:  # one more step under torch.profiler, as Chrome JSON
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(1):
-                with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16, enabled=prec == "bf16"):
-                    loss = step_fn(x, y)
-                for opt in opts:
-                    opt.zero_grad(set_to_none=True)
-                loss.backward()
-                for opt in opts:
-                    opt.step()
+            train_step()
             sync()
         prof.export_chrome_trace(trace)
     times.sort()

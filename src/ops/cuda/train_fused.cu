@@ -642,6 +642,50 @@ __device__ inline float group_sum(float v) {
   return v;
 }
 
+// A head's rotation in place, o1 = T(T(x1 c) + T(x2 s)) and
+// o2 = T(T(x2 c) - T(x1 s)), over a lane's N values of each half; returns
+// the lane's part of the sum of squares.
+template <typename T, int N>
+__device__ inline float rotate_values(
+    float (&x1)[N],
+    float (&x2)[N],
+    const float (&c)[N],
+    const float (&s)[N]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const float o1 =
+        round_to<T>(round_to<T>(x1[e] * c[e]) + round_to<T>(x2[e] * s[e]));
+    const float o2 =
+        round_to<T>(round_to<T>(x2[e] * c[e]) - round_to<T>(x1[e] * s[e]));
+    x1[e] = o1;
+    x2[e] = o2;
+    ss += o1 * o1 + o2 * o2;
+  }
+  return ss;
+}
+
+// The norm's gradient, do = T(r (dy - y mean)), rotated back in place:
+// dx1 = T(T(do1 c) - T(do2 s)), dx2 = T(T(do1 s) + T(do2 c)).
+template <typename T, int N>
+__device__ inline void unrotate_norm_gradient(
+    float (&d1)[N],
+    float (&d2)[N],
+    const float (&y1)[N],
+    const float (&y2)[N],
+    float mean,
+    float r,
+    const float (&c)[N],
+    const float (&s)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
+    const float o2 = round_to<T>(r * (d2[e] - y2[e] * mean));
+    d1[e] = round_to<T>(o1 * c[e]) - round_to<T>(o2 * s[e]);
+    d2[e] = round_to<T>(o1 * s[e]) + round_to<T>(o2 * c[e]);
+  }
+}
+
 // Groups of G = D / (2 V) lanes a q or k head row, V = 16 / sizeof(T):
 // lane j of a group loads x1[jV .. jV+V) and x2 at the same offsets of the
 // second half, 16 bytes each, so the rotation needs no exchange between
@@ -686,17 +730,7 @@ __global__ void rotary_norm_qk_groups_kernel(
       load_values<T, V>(cos + pos * half + i, c);
       load_values<T, V>(sin + pos * half + i, s);
     }
-    float ss = 0.f;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const float o1 = round_to<T>(
-          round_to<T>(x1[e] * c[e]) + round_to<T>(x2[e] * s[e]));
-      const float o2 = round_to<T>(
-          round_to<T>(x2[e] * c[e]) - round_to<T>(x1[e] * s[e]));
-      x1[e] = o1;
-      x2[e] = o2;
-      ss += o1 * o1 + o2 * o2;
-    }
+    const float ss = rotate_values<T, V>(x1, x2, c, s);
     const float r = rsqrtf(group_sum<G>(ss) / float(D) + eps);
     if (!on)
       continue;
@@ -782,13 +816,7 @@ __global__ void rotary_norm_qkv_groups_backward_kernel(
     float c[V], s[V];
     load_values<T, V>(cos + slot.pos * half + i, c);
     load_values<T, V>(sin + slot.pos * half + i, s);
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
-      const float o2 = round_to<T>(r * (d2[e] - y2[e] * mean));
-      d1[e] = round_to<T>(o1 * c[e]) - round_to<T>(o2 * s[e]);
-      d2[e] = round_to<T>(o1 * s[e]) + round_to<T>(o2 * c[e]);
-    }
+    unrotate_norm_gradient<T, V>(d1, d2, y1, y2, mean, r, c, s);
     store_values<T, V>(out + i, d1);
     store_values<T, V>(out + half + i, d2);
   }
@@ -830,17 +858,7 @@ __global__ void rotary_norm_qkv_kernel(
     float c[P], s[P];
     load_values<T, P>(cos + slot.pos * half + i, c);
     load_values<T, P>(sin + slot.pos * half + i, s);
-    float ss = 0.f;
-#pragma unroll
-    for (int e = 0; e < P; ++e) {
-      const float o1 = round_to<T>(
-          round_to<T>(x1[e] * c[e]) + round_to<T>(x2[e] * s[e]));
-      const float o2 = round_to<T>(
-          round_to<T>(x2[e] * c[e]) - round_to<T>(x1[e] * s[e]));
-      x1[e] = o1;
-      x2[e] = o2;
-      ss += o1 * o1 + o2 * o2;
-    }
+    const float ss = rotate_values<T, P>(x1, x2, c, s);
     const float r = rsqrtf(warp_sum(ss) / float(D) + eps);
 #pragma unroll
     for (int e = 0; e < P; ++e) {
@@ -900,13 +918,7 @@ __global__ void rotary_norm_qkv_backward_kernel(
     float c[P], s[P];
     load_values<T, P>(cos + slot.pos * half + i, c);
     load_values<T, P>(sin + slot.pos * half + i, s);
-#pragma unroll
-    for (int e = 0; e < P; ++e) {
-      const float o1 = round_to<T>(r * (d1[e] - y1[e] * mean));
-      const float o2 = round_to<T>(r * (d2[e] - y2[e] * mean));
-      d1[e] = round_to<T>(o1 * c[e]) - round_to<T>(o2 * s[e]);
-      d2[e] = round_to<T>(o1 * s[e]) + round_to<T>(o2 * c[e]);
-    }
+    unrotate_norm_gradient<T, P>(d1, d2, y1, y2, mean, r, c, s);
     store_values<T, P>(out + i, d1);
     store_values<T, P>(out + half + i, d2);
   });
