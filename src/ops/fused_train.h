@@ -1,6 +1,6 @@
-// Ops of the training step that CUDA kernels (src/ops/cuda/train_fused.cu)
-// fuse, forward and backward, each beside its plain libtorch composition:
-// the portable path (CPU, MPS, libtorch 1.13, builds without
+// Ops of the training step that CUDA kernels (src/ops/cuda/train_fused.cu,
+// gpt_train.cu) fuse, forward and backward, each beside its plain libtorch
+// composition: the portable path (CPU, MPS, libtorch 1.13, builds without
 // -DORCHARD_CUDA=ON, float64) and the oracle of the fused one. The fused
 // path runs where the tensors are on a CUDA device in float32, float16 or
 // bfloat16 (one dtype) and the kernels are built; gradients are allowed.

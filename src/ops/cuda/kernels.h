@@ -178,7 +178,8 @@ int matvec_silu_mul(
     int64_t in,
     void* stream);
 
-// Training kernels with a backward (train_fused.cu; the ops in
+// Training kernels with a backward (train_fused.cu for the tiny recursive
+// model's, gpt_train.cu for the GPT's; the ops in
 // src/ops/fused_train.cpp wrap them in autograd functions).
 //
 // y = T(T(silu(g)) * u), where g and u are the halves of one contiguous

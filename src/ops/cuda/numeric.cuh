@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace orchard::ops::cuda {
@@ -142,6 +144,25 @@ __device__ inline void write_warp_sums(
       y[int64_t(n) * out + o] = from_float<T>(s);
     }
   }
+}
+
+// The training kernels' launches (train_fused.cu, gpt_train.cu): blocks of
+// kThreads, enough of them to fill the GPU several times over (the kernels
+// loop over the rest), and the alignment their 16-byte loads need.
+constexpr int kThreads = 256;
+
+inline unsigned blocks_for(int64_t work) {
+  const int64_t b = (work + kThreads - 1) / kThreads;
+  return unsigned(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+inline bool aligned_to(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+template <typename T>
+inline bool aligned16(const void* p) {
+  return aligned_to(p, 16);
 }
 
 // Calls f(T{}) with T the storage type of `dtype`; returns f's result, or
