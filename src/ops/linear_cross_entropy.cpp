@@ -88,12 +88,13 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     torch::Tensor dh = need_h ? torch::empty_like(h) : torch::Tensor();
     // In the head's own dtype (float32 master weights): what its .grad
     // holds.
-    torch::Tensor dw = need_w && !kernel_takes(h, targets)
-        ? torch::zeros_like(w)
-        : torch::Tensor();
+    // (The kernel path makes it with the padded rows, below.)
+    const bool by_kernel = kernel_takes(h, targets);
+    torch::Tensor dw =
+        need_w && !by_kernel ? torch::zeros_like(w) : torch::Tensor();
     const auto acc = loss_arithmetic(h.scalar_type());
     auto total = torch::zeros({}, h.options().dtype(acc));
-    if (kernel_takes(h, targets)) {
+    if (by_kernel) {
       // The products in autocast's dtype (else the inputs' common one),
       // the head cast once and padded with zero rows: their logits are 0
       // and the kernel leaves them out of the softmax, their gradient

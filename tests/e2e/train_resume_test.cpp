@@ -3,6 +3,7 @@
 // a run never interrupted. SIGTERM saves and exits 143 (128 + SIGTERM). A
 // damaged newest checkpoint is skipped for the previous good one.
 #include "core/safetensors.h"
+#include "core/torch_compat.h"
 #include "runs/checkpoint.h"
 #include "test_util.h"
 
@@ -14,6 +15,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -330,6 +332,40 @@ TEST(TrainOptions, BadLengthAndPrecisionSettingsExitTwo) {
     EXPECT_NE(
         h.err.find("dtype=float16 is not available on cpu"), std::string::npos)
         << h.err;
+  }
+}
+
+// ORCHARD_TRACE_STEP is checked before the first step: a bad number exits
+// 2 with the fix; a good one writes the step's trace on libtorch 2.x and is
+// refused with a message on 1.13 (no Kineto there).
+TEST(TrainOptions, TraceVariablesAreCheckedBeforeTraining) {
+  TinyRun t;
+  auto args = t.args("traced");
+  std::replace(
+      args.begin(), args.end(), std::string("num_iterations=40"),
+      std::string("num_iterations=3"));
+  auto env = t.env;
+  env["ORCHARD_TRACE"] = t.dir.file("step.json");
+  for (const char* bad : {"abc", "0", "2x"}) {
+    env["ORCHARD_TRACE_STEP"] = bad;
+    auto r = test::run_orchard(args, env);
+    EXPECT_EQ(r.exit_code, 2) << bad << r.out << r.err;
+    EXPECT_NE(r.err.find("is not a step number"), std::string::npos)
+        << bad << r.err;
+    EXPECT_TRUE(runs::list_checkpoints(t.dir.file("traced")).empty()) << bad;
+  }
+  env["ORCHARD_TRACE_STEP"] = "2";
+  auto r = test::run_orchard(args, env);
+  if (compat::kTorch2) {
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::ifstream f(t.dir.file("step.json"));
+    const std::string text(
+        (std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("traceEvents"), std::string::npos);
+  } else {
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("ORCHARD_TRACE needs libtorch 2.x"), std::string::npos)
+        << r.err;
   }
 }
 
