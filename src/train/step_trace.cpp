@@ -9,7 +9,9 @@
 #include <set>
 #endif
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 namespace orchard::train {
 
@@ -25,6 +27,11 @@ StepTrace::StepTrace() {
         std::string("ORCHARD_TRACE_STEP='") + step +
         "' is not a step number (1 or more). Set it to the step to trace, "
         "or unset it.");
+  if (!std::ofstream(path, std::ios::app))
+    throw UserError(
+        std::string("ORCHARD_TRACE='") + path +
+        "' cannot be written (a missing folder or no permission). Point it "
+        "at a file in a folder that exists, or unset it.");
   if (!ORCHARD_KINETO_TRACE)
     throw UserError(
         "ORCHARD_TRACE needs libtorch 2.x (its Kineto profiler); this build "
@@ -51,8 +58,14 @@ void StepTrace::end(int64_t step) {
   if (step != step_ || !on_)
     return;
 #if ORCHARD_KINETO_TRACE
-  torch::autograd::profiler::disableProfiler()->save(path_);
   on_ = false;
+  try { // a trace that cannot be saved does not stop the training
+    torch::autograd::profiler::disableProfiler()->save(path_);
+  } catch (const std::exception& e) {
+    std::fprintf(
+        stderr, "warning: the step's trace was not saved to %s: %s\n",
+        path_.c_str(), e.what());
+  }
 #endif
 }
 

@@ -335,9 +335,10 @@ TEST(TrainOptions, BadLengthAndPrecisionSettingsExitTwo) {
   }
 }
 
-// ORCHARD_TRACE_STEP is checked before the first step: a bad number exits
-// 2 with the fix; a good one writes the step's trace on libtorch 2.x and is
-// refused with a message on 1.13 (no Kineto there).
+// ORCHARD_TRACE_STEP is checked before the first step: a bad number or a
+// file that cannot be written exits 2 with the fix; a good one writes the
+// step's trace on libtorch 2.x and is refused with a message on 1.13 (no
+// Kineto there).
 TEST(TrainOptions, TraceVariablesAreCheckedBeforeTraining) {
   TinyRun t;
   auto args = t.args("traced");
@@ -355,7 +356,12 @@ TEST(TrainOptions, TraceVariablesAreCheckedBeforeTraining) {
     EXPECT_TRUE(runs::list_checkpoints(t.dir.file("traced")).empty()) << bad;
   }
   env["ORCHARD_TRACE_STEP"] = "2";
+  env["ORCHARD_TRACE"] = t.dir.file("no-such-folder/step.json");
   auto r = test::run_orchard(args, env);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("cannot be written"), std::string::npos) << r.err;
+  env["ORCHARD_TRACE"] = t.dir.file("step.json");
+  r = test::run_orchard(args, env);
   if (compat::kTorch2) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     std::ifstream f(t.dir.file("step.json"));
