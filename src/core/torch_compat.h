@@ -163,8 +163,14 @@ inline std::optional<torch::Tensor> fused_rms_norm(
 // gradient and moment once, against the nine multi-tensor ops of the
 // plain update. Decoupled weight decay, bias corrections from `step`
 // (the count after this update), eps added after the corrected square
-// root: PyTorch's AdamW. false: not available (libtorch 1.13, or tensors
-// not on CUDA); nothing was changed.
+// root: PyTorch's AdamW. With `grad_scale` (a float32 device scalar) the
+// kernel divides each gradient by it first; with `found_inf` it changes
+// nothing where that scalar is 1 (what PyTorch's AMP passes; Orchard's
+// clipping and finite check decided on the device). false: not available
+// (libtorch 1.13, or tensors not on CUDA); nothing was changed.
+constexpr bool has_fused_adamw() {
+  return ORCHARD_AUTOCAST_BY_DEVICE_TYPE; // libtorch 2.4 or later
+}
 inline bool fused_adamw(
     const std::vector<torch::Tensor>& params,
     const std::vector<torch::Tensor>& grads,
@@ -175,7 +181,9 @@ inline bool fused_adamw(
     double beta1,
     double beta2,
     double weight_decay,
-    double eps) {
+    double eps,
+    const c10::optional<torch::Tensor>& grad_scale = c10::nullopt,
+    const c10::optional<torch::Tensor>& found_inf = c10::nullopt) {
 #if ORCHARD_AUTOCAST_BY_DEVICE_TYPE // libtorch 2.4 or later
   if (params.empty() || !params.front().is_cuda())
     return false;
@@ -197,11 +205,14 @@ inline bool fused_adamw(
       weight_decay,
       eps,
       /*amsgrad=*/false,
-      /*maximize=*/false);
+      /*maximize=*/false,
+      grad_scale,
+      found_inf);
   return true;
 #else
   (void)params, (void)grads, (void)exp_avg, (void)exp_avg_sq, (void)step;
   (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  (void)grad_scale, (void)found_inf;
   return false;
 #endif
 }

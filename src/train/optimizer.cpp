@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -290,6 +291,75 @@ void Optimizers::zero_grad() {
     for (const auto& [name, p] : g.params)
       if (p.grad().defined())
         p.mutable_grad() = torch::Tensor(); // set to none, as PyTorch does
+}
+
+bool Optimizers::can_step_on_device() const {
+  if (!compat::has_fused_adamw() || !options_.fused_adamw ||
+      options_.adam_8bit)
+    return false;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    if (g.muon || !g.rule.empty())
+      return false;
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& p = g.params[i].second;
+      if (!p.is_cuda() || p.scalar_type() != torch::kFloat32 ||
+          !p.grad().defined() ||
+          adam_[gi][i].step != adam_[gi].front().step)
+        return false;
+    }
+  }
+  return true;
+}
+
+void Optimizers::step_on_device(
+    double lr_multiplier,
+    const torch::Tensor& grad_scale,
+    const torch::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    auto& states = adam_[gi];
+    if (g.params.empty())
+      continue;
+    std::vector<torch::Tensor> params, grads, avg, sq;
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& p = g.params[i].second;
+      auto& s = states[i];
+      if (!s.exp_avg.defined()) {
+        s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
+        s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
+      }
+      params.push_back(p);
+      grads.push_back(p.grad());
+      avg.push_back(s.exp_avg);
+      sq.push_back(s.exp_avg_sq);
+    }
+    const bool done = compat::fused_adamw(
+        params,
+        grads,
+        avg,
+        sq,
+        states.front().step + 1,
+        g.lr * lr_multiplier,
+        options_.adam_beta1,
+        options_.adam_beta2,
+        g.weight_decay,
+        options_.adam_eps,
+        grad_scale,
+        found_inf);
+    if (!done)
+      throw std::logic_error("[step_on_device] without can_step_on_device");
+    for (auto& s : states)
+      ++s.step;
+  }
+}
+
+void Optimizers::uncount_step() {
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    if (!groups_[gi].muon && groups_[gi].rule.empty())
+      for (auto& s : adam_[gi])
+        s.step = std::max<int64_t>(0, s.step - 1);
 }
 
 void Optimizers::step(double lr_multiplier, int64_t step) {

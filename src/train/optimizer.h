@@ -107,6 +107,23 @@ class Optimizers {
   // 0-based step (Muon's momentum warmup).
   void step(double lr_multiplier, int64_t step);
 
+  // An AdamW step the host does not have to decide: each gradient is
+  // divided by `grad_scale` (clipping) and nothing changes where
+  // `found_inf` is 1 (a non-finite gradient), both float32 device scalars
+  // the host never reads before the launch. Only where every group is
+  // plain AdamW over float32 CUDA weights, each with a gradient and one
+  // step count per group, that libtorch's fused kernel updates:
+  // can_step_on_device() says so, and step_on_device() is then the same
+  // update as step() after the host clipped (to rounding).
+  bool can_step_on_device() const;
+  void step_on_device(
+      double lr_multiplier,
+      const torch::Tensor& grad_scale,
+      const torch::Tensor& found_inf);
+  // After a step_on_device() whose found_inf was 1: the step counts back
+  // to what they were (the kernel changed nothing else).
+  void uncount_step();
+
   std::vector<torch::Tensor> parameters() const;
   const std::vector<ParamGroup>& groups() const {
     return groups_;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 namespace orchard::train {
 namespace {
@@ -318,6 +319,79 @@ TEST(Optimizers, FusedCudaAdamwMatchesLibtorchAdamw) {
         << i << ": max difference "
         << (ours[i] - ref[i]).abs().max().item<float>();
   }
+}
+
+// step_on_device: the clipping factor and the skip come as device scalars.
+// A step with grad_scale 4 equals the host's step on the gradients divided
+// by 4 (an epsilon near the gradients' size keeps the update sensitive to
+// their scale, as Adam otherwise is not); a step with found_inf 1 changes
+// no weight and no moment, and uncount_step() puts the counts back, so
+// the next step equals the host's next step. Skipped without a GPU or on
+// libtorch 1.13.
+TEST(Optimizers, StepOnDeviceClipsAndSkipsAsTheHostDoes) {
+  if (!torch::cuda::is_available() || !compat::has_fused_adamw())
+    GTEST_SKIP() << "no CUDA device, or no fused AdamW in this libtorch";
+  torch::manual_seed(9);
+  const std::vector<std::vector<int64_t>> shapes = {{64, 33}, {7}};
+  std::vector<torch::Tensor> dev, host;
+  for (const auto& shape : shapes) {
+    auto t = torch::randn(shape, torch::kCUDA);
+    dev.push_back(t.clone().requires_grad_(true));
+    host.push_back(t.clone().requires_grad_(true));
+  }
+  const OptimizerOptions oo{
+      .adam_beta1 = 0.9, .adam_beta2 = 0.95, .adam_eps = 1e-2};
+  Optimizers a({{"a", {{"w0", dev[0]}}, 0.01, 0.1, false},
+                {"b", {{"w1", dev[1]}}, 0.003, 0.0, false}},
+               oo);
+  Optimizers b({{"a", {{"w0", host[0]}}, 0.01, 0.1, false},
+                {"b", {{"w1", host[1]}}, 0.003, 0.0, false}},
+               oo);
+  auto scalar = [](float v) {
+    return torch::full({1}, v, torch::TensorOptions().device(torch::kCUDA));
+  };
+  auto set_grads = [&](float size) {
+    for (size_t i = 0; i < dev.size(); ++i) {
+      auto g = torch::randn(shapes[i], torch::kCUDA) * size;
+      dev[i].mutable_grad() = g.clone();
+      host[i].mutable_grad() = g.clone();
+    }
+  };
+  // Step 1: clipped by 4; unclipped, w0 would have gone elsewhere.
+  set_grads(0.04f);
+  auto raw = host[0].detach().clone().requires_grad_(true);
+  raw.mutable_grad() = host[0].grad().clone();
+  Optimizers({{"a", {{"w0", raw}}, 0.01, 0.1, false}}, oo).step(1.0, 0);
+  ASSERT_TRUE(a.can_step_on_device());
+  a.step_on_device(1.0, scalar(4), scalar(0));
+  for (auto& t : host)
+    t.mutable_grad().mul_(0.25);
+  b.step(1.0, 0);
+  EXPECT_TRUE(torch::allclose(dev[0], host[0], 1e-5, 1e-6));
+  EXPECT_GT((dev[0] - raw).abs().max().item<float>(), 1e-4f);
+  // Step 2: not finite, skipped.
+  const auto before = dev[0].detach().clone();
+  set_grads(0.01f);
+  dev[0].mutable_grad()[0][0] = std::numeric_limits<float>::quiet_NaN();
+  a.step_on_device(1.0, scalar(1), scalar(1));
+  a.uncount_step();
+  EXPECT_TRUE(torch::equal(dev[0].detach(), before));
+  // Step 3: the host's second step.
+  set_grads(0.01f);
+  a.step_on_device(0.5, scalar(1), scalar(0));
+  b.step(0.5, 1);
+  for (size_t i = 0; i < dev.size(); ++i)
+    EXPECT_TRUE(torch::allclose(dev[i], host[i], 1e-5, 1e-6))
+        << i << ": max difference "
+        << (dev[i] - host[i]).abs().max().item<float>();
+  auto sa = a.state(), sb = b.state();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i)
+    EXPECT_TRUE(torch::allclose(
+        sa[i].second.to(torch::kCPU), sb[i].second.to(torch::kCPU), 1e-5, 1e-7))
+        << sa[i].first;
+  EXPECT_FALSE(Optimizers({{"m", {{"w0", dev[0]}}, 0.02, 0.0, true}})
+                   .can_step_on_device()); // Muon: the host decides
 }
 
 TEST(Optimizers, StateRoundTripsAndContinuesIdentically) {
