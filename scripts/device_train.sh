@@ -19,7 +19,11 @@
 #   side by side, then one step of each traced (Kineto; torch.profiler for
 #   the peer) and their kernels summed (TOP kernels, default 45). UNIT=1:
 #   the GPU unit tests first; TRAIN=1: then `orchard train` (TRAIN_OPTIMS);
-#   TRACES=0: no traces.
+#   TRACES=0: no traces. TRAIN_GRAPHS="true false": `orchard train` with
+#   and without CUDA graphs (default true).
+# PHASE=runs: only `orchard train` (TRAIN_OPTIMS, TRAIN_GRAPHS; TRAIN_SHAPE
+#   replaces "depth=12 max_seq_len=1024 total_batch_size=16384
+#   device_batch_size=16").
 # PHASE=memgrid: bench/run_memory_grid.sh cuda (the planner's fit).
 # SKIP_BUILD=1: use the build a previous call on this warm machine left.
 # Results come back as $OUT/train_bench.txt and $OUT/logs.tgz.
@@ -58,28 +62,35 @@ with open(sys.argv[1], "w") as f:
         f.write(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + ".\n\n")
 PY
   for o in ${TRAIN_OPTIMS:-muon adamw}; do
+  for g in ${TRAIN_GRAPHS:-true}; do
     rm -rf $W/run
-    # TRACE_STEP=N: that step of the real trainer traced (launch to logging).
+    # TRACE_STEP=N (or N-M): that step (those steps) of the real trainer
+    # traced, launch to logging.
     ${TRACE_STEP:+env ORCHARD_TRACE=$OUT/train_$o.json ORCHARD_TRACE_STEP=$TRACE_STEP} \
-    $B/orchard train --device cuda "data_paths=[$W/corpus.txt]" tokenizer=gpt2 depth=12 max_seq_len=1024 \
-      total_batch_size=16384 device_batch_size=16 num_iterations=${STEPS:-60} eval_every=0 sample_every=0 \
-      save_every=0 eval_tokens=16384 optimizer=$o run_dir=$W/run > "$OUT/orchard_train_$o.log" 2>&1 \
-      || { status=1; tail -20 "$OUT/orchard_train_$o.log"; }
-    grep -E "^Model|^Batch|^Memory|^Optimizer|^Precision|Peak" "$OUT/orchard_train_$o.log" | head -8 | log
-    python3 - $W/run/metrics.jsonl $o <<'PY' | log
+    $B/orchard train --device cuda "data_paths=[$W/corpus.txt]" tokenizer=gpt2 \
+      ${TRAIN_SHAPE:-depth=12 max_seq_len=1024 total_batch_size=16384 device_batch_size=16} num_iterations=${STEPS:-60} eval_every=0 sample_every=0 \
+      save_every=0 eval_tokens=16384 optimizer=$o cuda_graphs=$g run_dir=$W/run > "$OUT/orchard_train_${o}_$g.log" 2>&1 \
+      || { status=1; tail -20 "$OUT/orchard_train_${o}_$g.log"; }
+    grep -E "^Model|^Batch|^Memory|^Optimizer|^Precision|Peak|CUDA graph|captured" "$OUT/orchard_train_${o}_$g.log" | head -9 | log
+    python3 - $W/run/metrics.jsonl "${TRAIN_SHAPE:-d12} $o cuda_graphs=$g" <<'PY' | log
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][10:]
 v = sorted(r["tokens_per_s"] for r in rows)
-print(json.dumps({"peer": "orchard train d12 " + sys.argv[2], "steps": len(v), "median_tokens_per_s": round(v[len(v) // 2]),
+print(json.dumps({"peer": "orchard train " + sys.argv[2], "steps": len(v), "median_tokens_per_s": round(v[len(v) // 2]),
                   "peak_memory_mb": max(r.get("peak_memory_mb", 0) for r in rows),
                   "loss_first_last": [rows[0].get("loss"), rows[-1].get("loss")],
                   "grad_norm_first_last": [rows[0].get("grad_norm"), rows[-1].get("grad_norm")]}))
+first = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][:6]
+print("  steps 1-6 loss", [r["loss"] for r in first], "grad_norm", [r["grad_norm"] for r in first])
 PY
     if [ -n "${TRACE_STEP:-}" ] && [ -f "$OUT/train_$o.json" ]; then
       echo "trace: orchard train $o, step $TRACE_STEP" | log
-      python3 bench/trace_summary.py "$OUT/train_$o.json" 12 2>&1 | log
+      python3 bench/trace_summary.py "$OUT/train_$o.json" ${TOP:-12} 2>&1 | log
+      # KEEP_TRACE=1: the trace itself comes back (gzipped) for a closer look.
+      if [ "${KEEP_TRACE:-0}" = 1 ]; then gzip -c "$OUT/train_$o.json" > "$RESULT/train_${o}_$g.json.gz"; fi
       rm -f "$OUT/train_$o.json"
     fi
+  done
   done
 }
 unit_tests() {
@@ -142,6 +153,10 @@ trace)
     rm -f $OUT/step.json $OUT/peer.json
   fi
   [ "${TRAIN:-0}" = 1 ] && orchard_train_runs
+  ;;
+runs)
+  # Only the real trainer (TRAIN_OPTIMS, TRAIN_GRAPHS, TRAIN_SHAPE).
+  orchard_train_runs
   ;;
 d20)
   A20="cuda 20 1280 10 50304 8 1024 15"

@@ -580,11 +580,17 @@ TrainResult run_training(
       chat_loader->set_batch_size(b);
     };
   } else {
-    task.micro_step = [&, train_loader] {
+    task.next_inputs = [train_loader, dev] {
       auto b = train_loader->next();
       // Copied without waiting for the previous step's optimizer.
-      return model->loss(
-          compat::to_device_async(b.x, dev), compat::to_device_async(b.y, dev));
+      return std::vector<torch::Tensor>{
+          compat::to_device_async(b.x, dev), compat::to_device_async(b.y, dev)};
+    };
+    task.loss_of = [model](const std::vector<torch::Tensor>& in) mutable {
+      return model->loss(in.at(0), in.at(1));
+    };
+    task.micro_step = [next = task.next_inputs, loss = task.loss_of] {
+      return loss(next());
     };
     task.evaluate = [&] {
       SplitLoss s = split_loss(
@@ -672,7 +678,8 @@ TrainResult run_training(
       .save_every = cfg.save_every,
       .save_total_limit = cfg.save_total_limit,
       .keep_best = cfg.keep_best,
-      .resume = cfg.resume};
+      .resume = cfg.resume,
+      .cuda_graphs = cfg.cuda_graphs};
   Trainer trainer(to, task, optimizers, log);
   const int64_t start = trainer.resume();
   const int64_t micro = trainer.micro_batch(),

@@ -168,6 +168,12 @@ const config::Schema& pretrain_schema() {
          .min = 0,
          .max = 1});
     s.add(
+        {.key = "cuda_graphs",
+         .access = field(&C::cuda_graphs),
+         .help = "on CUDA, capture the step's forward and backward as one "
+                 "CUDA graph after the first step and replay it (true; "
+                 "base and mid, one process, bfloat16 or float32)"});
+    s.add(
         {.key = "tokenizer",
          .access = field(&C::tokenizer),
          .help =

@@ -81,6 +81,8 @@ struct PretrainConfig : train::TrainingConfig {
   double unembedding_lr = 3e-3;
   bool ema = false;
   double ema_rate = 0.999;
+  // CUDA: the step's forward and backward as a CUDA graph (base, mid).
+  bool cuda_graphs = true;
 
   // Data preparation
   std::string tokenizer; // "": one trained on the data, cached in data_dir

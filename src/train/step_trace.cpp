@@ -20,13 +20,21 @@ StepTrace::StepTrace() {
   const char* step = std::getenv("ORCHARD_TRACE_STEP");
   if (!path || !step)
     return;
+  // N, or N-M for the steps N to M (the gaps between steps show).
   char* end = nullptr;
-  const long long n = std::strtoll(step, &end, 10);
-  if (end == step || *end != '\0' || n < 1)
+  const long long first = std::strtoll(step, &end, 10);
+  long long last = first;
+  if (end != step && *end == '-') {
+    const char* second = end + 1;
+    last = std::strtoll(second, &end, 10);
+    if (end == second)
+      last = 0;
+  }
+  if (end == step || *end != '\0' || first < 1 || last < first)
     throw UserError(
         std::string("ORCHARD_TRACE_STEP='") + step +
-        "' is not a step number (1 or more). Set it to the step to trace, "
-        "or unset it.");
+        "' is not a step number (1 or more) or range (N-M, M at least N). "
+        "Set it to the step or steps to trace, or unset it.");
   if (!std::ofstream(path, std::ios::app))
     throw UserError(
         std::string("ORCHARD_TRACE='") + path +
@@ -37,11 +45,12 @@ StepTrace::StepTrace() {
         "ORCHARD_TRACE needs libtorch 2.x (its Kineto profiler); this build "
         "has libtorch " + compat::torch_version() + ". Unset ORCHARD_TRACE.");
   path_ = path;
-  step_ = n - 1;
+  first_ = first - 1;
+  last_ = last - 1;
 }
 
 void StepTrace::begin(int64_t step) {
-  if (step != step_)
+  if (step != first_)
     return;
 #if ORCHARD_KINETO_TRACE
   namespace kp = torch::profiler::impl;
@@ -55,7 +64,7 @@ void StepTrace::begin(int64_t step) {
 }
 
 void StepTrace::end(int64_t step) {
-  if (step != step_ || !on_)
+  if (step != last_ || !on_)
     return;
 #if ORCHARD_KINETO_TRACE
   on_ = false;

@@ -17,6 +17,7 @@
 #include "train/batch_schedule.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
+#include "train/step_graph.h"
 
 #include <torch/torch.h>
 
@@ -63,6 +64,14 @@ struct TrainingTask {
   // The mean loss of the next micro-batch (forward only; the Trainer runs
   // it under autocast and calls backward).
   std::function<torch::Tensor()> micro_step;
+  // Optional, for CUDA graphs: micro_step in two parts, the next
+  // micro-batch's inputs on the device (the data read and copied) and the
+  // loss of given inputs (the forward only: no data, no host reads, no
+  // shapes but the inputs'). A task with both can have its step's forward
+  // and backward captured as one CUDA graph (train/step_graph.h);
+  // micro_step must equal loss_of(next_inputs()).
+  std::function<std::vector<torch::Tensor>()> next_inputs;
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> loss_of;
   // An evaluation of the weights in place (the EMA weights when EMA is on),
   // under autocast and without gradients.
   std::function<EvalResult()> evaluate;
@@ -121,6 +130,11 @@ struct TrainerOptions {
   int64_t save_total_limit = 3;
   bool keep_best = false;
   std::string resume = "auto"; // auto | never | a checkpoint folder
+  // On CUDA (libtorch 2.x), for a task with next_inputs and loss_of, one
+  // process and no float16 loss scaling: the step's forward and backward
+  // captured as a CUDA graph after one eager step and replayed from then
+  // on (again after the micro-batch or accumulation changes).
+  bool cuda_graphs = true;
 };
 
 // The signal (SIGINT, SIGTERM) that stopped the last Trainer::run() after
@@ -180,6 +194,19 @@ class Trainer {
   // With several processes: rank 0's weights (and EMA) on every rank.
   void same_weights_everywhere();
   void take_step(int64_t step, double& loss, double& grad_norm, bool& applied);
+  // The forward and backward of `accum` micro-steps (the task's
+  // micro_step each, or loss_of on `inputs` when given) and, on the
+  // device, {gradient norm after unscaling, loss[, stop flag]}.
+  torch::Tensor gradients(
+      int64_t accum,
+      double scale,
+      const std::vector<std::vector<torch::Tensor>>* inputs);
+  // gradients() through the step graph: the first eligible step runs
+  // eagerly as its warm-up, the next is captured, the rest replay it.
+  // Undefined when the step cannot use a graph.
+  torch::Tensor graph_gradients(int64_t accum, double scale);
+  void drop_graph();
+
   // After an out-of-memory error in step `step`: frees the caches, lowers
   // the micro-batch to its largest proper divisor (half, when even) and
   // raises accumulation to match (UserError at one sequence), and rewinds
@@ -212,6 +239,15 @@ class Trainer {
   uint64_t peak_memory_ = 0; // the highest of every part of the run
   std::string last_checkpoint_;
   bool stop_agreed_ = false; // several processes: some rank was signalled
+  // CUDA graphs (options.cuda_graphs): the graph, the buffers it reads
+  // (one list of inputs per micro-step) and its output, and the micro-
+  // batch and accumulation it was made for.
+  std::unique_ptr<StepGraph> graph_;
+  std::vector<std::vector<torch::Tensor>> graph_inputs_;
+  torch::Tensor graph_read_;
+  int64_t graph_micro_ = 0, graph_accum_ = 0;
+  bool graphs_off_ = false; // a capture failed: eager for the rest
+  std::string note_;        // said after the step that set it
 };
 
 } // namespace orchard::train

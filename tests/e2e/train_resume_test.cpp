@@ -347,7 +347,7 @@ TEST(TrainOptions, TraceVariablesAreCheckedBeforeTraining) {
       std::string("num_iterations=3"));
   auto env = t.env;
   env["ORCHARD_TRACE"] = t.dir.file("step.json");
-  for (const char* bad : {"abc", "0", "2x"}) {
+  for (const char* bad : {"abc", "0", "2x", "3-2", "2-", "2-x"}) {
     env["ORCHARD_TRACE_STEP"] = bad;
     auto r = test::run_orchard(args, env);
     EXPECT_EQ(r.exit_code, 2) << bad << r.out << r.err;
@@ -361,6 +361,7 @@ TEST(TrainOptions, TraceVariablesAreCheckedBeforeTraining) {
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("cannot be written"), std::string::npos) << r.err;
   env["ORCHARD_TRACE"] = t.dir.file("step.json");
+  env["ORCHARD_TRACE_STEP"] = "2-3"; // a range: steps 2 and 3
   r = test::run_orchard(args, env);
   if (compat::kTorch2) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -4,12 +4,16 @@
 // optimizer, schedule and EMA are applied as configured.
 #include "train/trainer.h"
 #include "core/error.h"
+#include "models/gpt.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
+#include <filesystem>
 #include <limits>
+#include <sstream>
 
 namespace orchard::train {
 namespace {
@@ -424,6 +428,174 @@ TEST(Trainer, OutOfMemoryAtAnOddMicroBatchLowersToADivisor) {
           "device_batch_size=3: lowered to 1, gradient accumulation now 12"),
       std::string::npos)
       << log;
+}
+
+} // namespace
+} // namespace orchard::train
+
+namespace orchard::train {
+namespace {
+
+torch::TensorOptions cuda_float() {
+  return torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA, 0);
+}
+
+// A small GPT on the GPU with bfloat16 autocast, AdamW (fused), clipping
+// and two micro-steps a step, trained from the same weights and batches
+// three ways: eagerly, with the step's forward and backward captured as a
+// CUDA graph (warm-up at step 1, capture at 2, replays after), and with
+// the plain multi-tensor AdamW, whose clipping and finite check the host
+// decides. Both fused runs clip and skip on the device
+// (Optimizers::step_on_device). Step 3's first batch makes the loss
+// infinite (a token the loss looks for on the device, so a replayed graph
+// sees it too): every run skips that step. The batches are shorter from
+// step 5: that step cannot replay the graph and runs eagerly, and step 6
+// warms up a new one. The graph's weights must be the eager run's; the
+// host-decided run's equal to rounding.
+TEST(Trainer, CudaGraphStepsEqualEagerSteps) {
+  if (!torch::cuda::is_available() || !StepGraph::built())
+    GTEST_SKIP() << "SKIPPED: needs CUDA and a libtorch 2.x CUDA build";
+  const torch::Device cuda(torch::kCUDA, 0);
+  models::GptConfig c;
+  c.vocab_size = 384;
+  c.n_layer = 2;
+  c.n_embd = 256;
+  c.n_head = 2;
+  c.n_kv_head = 2;
+  c.max_seq_len = 32;
+  const int64_t poison = c.vocab_size - 1;
+  torch::manual_seed(3);
+  auto data = torch::randint(0, c.vocab_size - 1, {64, 33});
+  data[16][0] = poison; // step 3's first micro-batch starts at row 16
+  struct Run {
+    std::vector<torch::Tensor> weights;
+    std::string metrics, log;
+    TrainerResult result;
+  };
+  auto run = [&](const test::TempDir& dir,
+                 const char* name,
+                 bool graphs,
+                 bool fused,
+                 torch::ScalarType compute = torch::kBFloat16) {
+    torch::manual_seed(11);
+    models::Gpt model(c);
+    model->to(cuda);
+    int64_t served = 0;
+    TrainingTask task;
+    task.model = model.ptr();
+    task.next_inputs = [&] {
+      const int64_t T = served < 8 * 4 ? 32 : 24; // steps 5 and 6: shorter
+      auto rows = data.narrow(0, served % 64, 4);
+      served += 4;
+      return std::vector<torch::Tensor>{
+          rows.narrow(1, 0, T).to(cuda), rows.narrow(1, 1, T).to(cuda)};
+    };
+    task.loss_of = [model, poison](const std::vector<torch::Tensor>& in) mutable {
+      auto inf = torch::where(
+          in[0][0][0] == poison,
+          torch::full({}, std::numeric_limits<float>::infinity(), cuda_float()),
+          torch::ones({}, cuda_float()));
+      return model->loss(in[0], in[1]) * inf;
+    };
+    task.micro_step = [&] { return task.loss_of(task.next_inputs()); };
+    task.evaluate = [] { return EvalResult{0.0, {}, "none"}; };
+    TrainerOptions o;
+    o.run_dir = dir.file(name);
+    std::filesystem::create_directories(o.run_dir);
+    o.device = cuda;
+    o.precision.compute = compute;
+    o.total_steps = 6;
+    o.micro_batch = 4;
+    o.grad_accum = 2;
+    o.grad_clip = 0.5;
+    o.warmdown_ratio = 0.5;
+    o.save_every = 0;
+    o.save_total_limit = 0;
+    o.cuda_graphs = graphs;
+    NamedTensors p;
+    for (auto& n : model->named_parameters())
+      p.push_back({n.key(), n.value()});
+    OptimizerOptions oo;
+    oo.fused_adamw = fused;
+    Optimizers opt({{"all", p, 3e-3, 0.01, false}}, oo);
+    RunLog log(o.run_dir + "/train.log");
+    Run r;
+    r.result = Trainer(o, task, opt, log).run();
+    for (auto& t : model->parameters())
+      r.weights.push_back(t.detach().cpu());
+    r.metrics = test::read_text(o.run_dir + "/metrics.jsonl");
+    r.log = test::read_text(o.run_dir + "/train.log");
+    return r;
+  };
+  test::TempDir dir;
+  const Run eager = run(dir, "eager", false, true);
+  const Run graphed = run(dir, "graphs", true, true);
+  // The host-decided update against the device-decided one in float32:
+  // in bfloat16 a rounding apart grows with each step, as Adam turns tiny
+  // gradients into whole steps.
+  const Run eager32 = run(dir, "eager32", false, true, torch::kFloat32);
+  const Run host = run(dir, "host", false, false, torch::kFloat32);
+  EXPECT_NE(graphed.log.find("CUDA graph: the step's forward and backward "
+                             "(2 micro-steps of 4 rows) captured"),
+            std::string::npos)
+      << graphed.log;
+  EXPECT_EQ(graphed.log.find("could not be captured"), std::string::npos)
+      << graphed.log;
+  EXPECT_EQ(eager.log.find("CUDA graph"), std::string::npos);
+  for (const Run* r : {&eager, &graphed, &eager32, &host})
+    EXPECT_EQ(r->result.skipped_steps, 1);
+  ASSERT_EQ(eager.weights.size(), graphed.weights.size());
+  torch::manual_seed(11);
+  models::Gpt init(c);
+  const auto start = init->parameters();
+  double moved = 0, off = 0;
+  for (size_t i = 0; i < eager.weights.size(); ++i) {
+    const double diff =
+        (eager.weights[i] - graphed.weights[i]).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-6) << "parameter " << i;
+    moved +=
+        (eager32.weights[i] - start[i].detach()).square().sum().item<double>();
+    off += (eager32.weights[i] - host.weights[i]).square().sum().item<double>();
+  }
+  // The weights moved, and the host-decided update is the same update.
+  EXPECT_GT(std::sqrt(moved), 1e-2);
+  EXPECT_LT(std::sqrt(off), 1e-3 * std::sqrt(moved));
+  // The logged losses and gradient norms step by step; step 3's loss is
+  // not finite (JSON null) in all three.
+  auto column = [](const std::string& metrics, const char* key) {
+    std::vector<double> v;
+    std::istringstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("tokens_per_s"))
+        v.push_back(
+            j.at(key).is_number() ? j.at(key).get<double>()
+                                  : std::numeric_limits<double>::infinity());
+    }
+    return v;
+  };
+  for (const char* key : {"loss", "grad_norm"}) {
+    auto a = column(eager.metrics, key), b = column(graphed.metrics, key),
+         a32 = column(eager32.metrics, key), h = column(host.metrics, key);
+    ASSERT_EQ(a.size(), 6u) << key;
+    ASSERT_EQ(b.size(), 6u) << key;
+    ASSERT_EQ(h.size(), 6u) << key;
+    ASSERT_EQ(a32.size(), 6u) << key;
+    EXPECT_FALSE(std::isfinite(a[2])) << key;
+    for (size_t s = 0; s < a.size(); ++s) {
+      if (s == 2)
+        continue;
+      EXPECT_NEAR(a[s], b[s], 1e-6 * std::abs(a[s]) + 1e-7)
+          << key << " at step " << s + 1;
+      EXPECT_NEAR(a32[s], h[s], 1e-3 * std::abs(a32[s]))
+          << key << " at step " << s + 1;
+    }
+    // Clipping acted: some finite step's norm was above 0.5.
+    if (std::string(key) == "grad_norm") {
+      a[2] = 0;
+      EXPECT_GT(*std::max_element(a.begin(), a.end()), 0.5);
+    }
+  }
 }
 
 } // namespace
