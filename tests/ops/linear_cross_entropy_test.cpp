@@ -146,6 +146,24 @@ void check_cuda_kernel(torch::Device cuda, int64_t V) {
     EXPECT_NEAR(v.item<double>(), want.item<double>(),
                 1e-5 * std::abs(want.item<double>()));
   }
+  // A NaN in one row's input: that row's loss and gradient are NaN (the
+  // sum is), the other rows' gradients stay finite.
+  for (double cap : {0.0, 15.0}) {
+    auto hn = h0.clone();
+    hn[5][7] = std::nan("");
+    auto h = hn.to(cuda).requires_grad_(true);
+    torch::Tensor got;
+    {
+      compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+      got = linear_cross_entropy(h, w0.to(cuda), targets.to(cuda), 0, cap);
+    }
+    got.backward();
+    const std::string what =
+        "V " + std::to_string(V) + " cap " + std::to_string(cap);
+    EXPECT_TRUE(std::isnan(got.item<double>())) << what;
+    EXPECT_TRUE(h.grad()[5].isnan().all().item<bool>()) << what;
+    EXPECT_TRUE(h.grad()[6].isfinite().all().item<bool>()) << what;
+  }
 }
 
 } // namespace
