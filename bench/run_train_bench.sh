@@ -21,6 +21,14 @@ if [ "${1:-cpu}" = cuda ]; then
   "$py" "$peer" $args compile bf16
   "$py" "$peer" $args compile bf16 muon
 else
+  # Both sides on the OpenBLAS kernels orchard itself runs (it replaces the
+  # generic fallback on CPUs newer than the OpenBLAS; core/blas_kernels.h):
+  # the bench binary and Python would otherwise get the slow ones.
+  if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    core=$("$(dirname "$bin")/orchard" doctor --device cpu 2>/dev/null |
+      sed -n 's/.*, \([A-Za-z0-9]*\) kernels)$/\1/p' | head -1)
+    [ -n "$core" ] && export OPENBLAS_CORETYPE=$core && echo "OpenBLAS kernels: $core"
+  fi
   for d in 4 6 12; do
     w=$((64 * d)); h=$(( (w + 127) / 128 ))
     args="cpu $d $w $h 8192 8 256 5"

@@ -1,6 +1,7 @@
 // orchard: one binary for the whole path, tokenizer to chat. This file only
 // dispatches to the subcommands; each lives in its own cmd_*.cpp.
 #include "cli/common.h"
+#include "core/blas_kernels.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/version.h"
@@ -18,6 +19,7 @@ int run(int argc, char** argv);
 // is still up (dist::finish); left to static destruction, NCCL's
 // destructor aborts the process after a successful run.
 int main(int argc, char** argv) {
+  orchard::use_fast_blas_kernels(argv); // may start the program again
   return orchard::dist::finish(run(argc, argv));
 }
 

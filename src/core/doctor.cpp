@@ -1,4 +1,5 @@
 #include "core/doctor.h"
+#include "core/blas_kernels.h"
 #include "core/clock.h"
 
 #include "core/error.h"
@@ -91,13 +92,16 @@ std::string detect_blas() {
         : p.find("pthread") != std::string::npos ? "pthread"
                                                  : "serial";
   };
+  // OpenBLAS's kernels, picked by the CPU's model (core/blas_kernels.h).
+  const std::string core =
+      blas_core().empty() ? "" : ", " + blas_core() + " kernels";
   if (!blas.empty())
     return blas.find("openblas") != std::string::npos
-        ? "OpenBLAS (" + std::string(flavour(blas)) + ", " + blas + ")"
+        ? "OpenBLAS (" + std::string(flavour(blas)) + ", " + blas + core + ")"
         : "reference BLAS (" + blas + ")";
   if (!openblas.empty())
     return "OpenBLAS (" + std::string(flavour(openblas)) + ", " + openblas +
-        ")";
+        core + ")";
   if (!mkl.empty())
     return "MKL (" + mkl + ")";
   return "built into libtorch (MKL)";
@@ -261,6 +265,9 @@ std::string render(const DoctorReport& r) {
       << format_bytes(m.ram_available_bytes) << " available; " << m.ram_source
       << ")\n"
       << "  BLAS: " << r.blas << "\n"
+      << (blas_core_switch_note().empty()
+              ? ""
+              : "    " + blas_core_switch_note() + "\n")
       << "  CPU threads for tensor work: " << torch::get_num_threads()
       << " (OMP_NUM_THREADS sets it)\n";
   if (m.mps_available)

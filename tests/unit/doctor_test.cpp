@@ -1,5 +1,6 @@
 // orchard doctor: the diagnosis on simulated machines (pure), and the real
 // measurements on this machine's CPU.
+#include "core/blas_kernels.h"
 #include "core/doctor.h"
 #include "core/error.h"
 
@@ -153,6 +154,16 @@ TEST(Doctor, MeasuresThisCpu) {
   EXPECT_TRUE(c.step_ran) << c.error;
   EXPECT_EQ(c.max_diff_vs_cpu, 0.0); // deterministic on one device
   EXPECT_FALSE(detect_blas().empty());
+}
+
+// OpenBLAS's generic fallback (Prescott) is replaced by the best kernels
+// the CPU runs; kernels OpenBLAS chose for a CPU it knows are left alone.
+TEST(Doctor, GenericOpenBlasKernelsAreReplacedWhereTheCpuRunsBetter) {
+  EXPECT_EQ(better_blas_core("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(better_blas_core("prescott", false, true), "Haswell");
+  EXPECT_EQ(better_blas_core("Prescott", false, false), "");
+  for (const char* known : {"Haswell", "SkylakeX", "Zen", "Cooperlake", ""})
+    EXPECT_EQ(better_blas_core(known, true, true), "") << known;
 }
 
 } // namespace
