@@ -312,4 +312,20 @@ inline ChoiceDiff choices(const torch::Tensor& a, const torch::Tensor& b) {
   return d;
 }
 
+// Positions where `theirs` moves a confident choice of `full` (its top two
+// at least `min_gap` apart in probability) that `stored` does not move the
+// same way: for a 4-bit file, moves that are not the quantisation's own.
+inline int64_t moves_not_from(
+    const torch::Tensor& theirs,
+    const torch::Tensor& full,
+    const torch::Tensor& stored,
+    double min_gap) {
+  const auto top2 = std::get<0>(torch::softmax(full, -1).topk(2, -1));
+  const auto confident = (top2.select(1, 0) - top2.select(1, 1)).ge(min_gap);
+  const auto choice = theirs.argmax(-1);
+  return (choice.ne(full.argmax(-1)) & confident & choice.ne(stored.argmax(-1)))
+      .sum()
+      .item<int64_t>();
+}
+
 } // namespace orchard::test

@@ -67,8 +67,8 @@ std::string trained_model(const std::string& fixture, const std::string& dir) {
 // - on the full-precision model: f16 and q8_0 choose the same next tokens
 //   (but at near-ties); q4_0 and q4_K_M agree at most positions and keep
 //   the held-out perplexity near f16's. Quantising to 4 bits itself moves
-//   some confident choices of these small models: Orchard running the
-//   stored weights moves the same ones.
+//   some confident choices of these small models: every such move must be
+//   one Orchard running the stored weights makes too.
 // Margins measured on these models are in docs/export.md.
 TEST(GgufExport, LlamaCppAgreesWithOrchardForEveryArchAndType) {
   REQUIRE_JUDGE();
@@ -76,7 +76,10 @@ TEST(GgufExport, LlamaCppAgreesWithOrchardForEveryArchAndType) {
   // docs/export.md has them too):
   // the top-2 probability gap where a choice differs (0.05 seen)
   constexpr double kNearTie = 0.15;
-  // ... for q4 against full precision (0.21 seen)
+  // ... for q4 against full precision, beyond which a move must be the
+  // stored weights' own (0.21 seen; 0.64 on weights trained with
+  // OpenBLAS's SkylakeX kernels, whose rounding trains other weights: a
+  // move Orchard running the stored weights makes too)
   constexpr double kQ4NearTie = 0.3;
   // relative logit error of an f16 file (0.0003)
   constexpr double kF16Error = 0.005;
@@ -182,8 +185,9 @@ TEST(GgufExport, LlamaCppAgreesWithOrchardForEveryArchAndType) {
             1.0 - double(vs_full.differ) / double(vs_full.positions),
             kQ4Agreement)
             << where;
-        EXPECT_LT(vs_full.worst_gap, kQ4NearTie)
-            << where << ": a choice apart from full precision";
+        EXPECT_EQ(moves_not_from(theirs, full, stored, kQ4NearTie), 0)
+            << where << ": a confident choice of full precision moved, "
+            << "and not by the stored weights";
       } else {
         EXPECT_LT(vs_full.worst_gap, kNearTie)
             << where << ": a choice apart from full precision";
