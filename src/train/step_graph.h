@@ -3,9 +3,9 @@
 // so the few thousand kernel launches of a GPT step cost one launch of the
 // host's time and the GPU never waits between them (PyTorch's "whole
 // network capture"). The optimizer stays outside: its step reads the
-// gradients the graph wrote, after the host has read the gradient norm,
-// decided on clipping and checked that the gradient is finite, exactly as
-// an eager step does.
+// gradients the graph wrote, as an eager step's does (with plain fused
+// AdamW queued before the host reads the gradient norm, clipping and the
+// finite check decided on the device: Optimizers::step_on_device).
 //
 // Capture records kernels, it runs none: the captured step is then
 // replayed once to compute it. The graph reads its inputs from fixed

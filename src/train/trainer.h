@@ -142,6 +142,10 @@ struct TrainerOptions {
 // expects of a program stopped by a signal.
 int last_stop_signal();
 
+// The tensors a run trains (those that require gradients: a LoRA run's
+// adapters, not its frozen base), in the model's order.
+std::vector<torch::Tensor> trained_tensors(const torch::nn::Module& model);
+
 struct TrainerResult {
   int64_t step = 0, total = 0;
   EvalResult final_eval;
