@@ -1,5 +1,6 @@
 #include "ops/fused_train.h"
 
+#include "ops/fused_cpu.h"
 #include "ops/kernel_call.h"
 #include "ops/rms_norm.h"
 
@@ -344,7 +345,8 @@ struct ResidualAddRmsNorm : torch::autograd::Function<ResidualAddRmsNorm> {
     const auto &s = saved[0], &rstd = saved[1];
     const auto branch =
         static_cast<torch::ScalarType>(ctx->saved_data["branch"].toInt());
-    const auto out = static_cast<torch::ScalarType>(ctx->saved_data["out"].toInt());
+    const auto out =
+        static_cast<torch::ScalarType>(ctx->saved_data["out"].toInt());
     const c10::cuda::CUDAGuard on_device(s.device());
     const int64_t C = s.size(-1), rows = s.numel() / C;
     auto ds = grads[0].defined() ? aligned(grads[0].to(s.scalar_type()))
@@ -455,10 +457,12 @@ torch::Tensor relu_square_reference(const torch::Tensor& u) {
 }
 
 bool relu_square_is_fused(const torch::Tensor& u) {
-  return kernel::usable_with_grad({u});
+  return kernel::usable_with_grad({u}) || cpu::takes({u});
 }
 
 torch::Tensor relu_square(const torch::Tensor& u) {
+  if (cpu::takes({u}))
+    return cpu::relu_square(u);
 #ifdef ORCHARD_CUDA_KERNELS
   if (relu_square_is_fused(u))
     return ReluSquare::apply(u);
@@ -517,19 +521,24 @@ bool rotary_norm_qkv_is_fused(
     int64_t Hkv,
     const torch::Tensor& cos,
     const torch::Tensor& sin) {
-#ifdef ORCHARD_CUDA_KERNELS
-  if (!kernel::usable_with_grad({qkv, cos, sin}) || qkv.dim() != 3 ||
-      H <= 0 || Hkv <= 0 || qkv.size(2) % (H + 2 * Hkv) != 0)
+  if (!qkv.defined() || qkv.dim() != 3 || H <= 0 || Hkv <= 0 ||
+      qkv.size(2) % (H + 2 * Hkv) != 0)
     return false;
   const int64_t D = qkv.size(2) / (H + 2 * Hkv);
+  const bool tables = cos.defined() && sin.defined() && cos.dim() == 2 &&
+      cos.sizes() == sin.sizes() && cos.size(0) == qkv.size(1) &&
+      cos.size(1) == D / 2 && D % 2 == 0 && !cos.requires_grad() &&
+      !sin.requires_grad();
+  if (cpu::takes({qkv, cos, sin}))
+    return tables;
+#ifdef ORCHARD_CUDA_KERNELS
+  if (!kernel::usable_with_grad({qkv, cos, sin}))
+    return false;
   // Rows are indexed in 32 bits there.
   const int64_t rows = qkv.size(0) * qkv.size(1) * (H + 2 * Hkv);
   return cuda::rotary_norm_qkv_supports(D) && rows < (int64_t(1) << 31) &&
-      cos.dim() == 2 &&
-      cos.sizes() == sin.sizes() && cos.size(0) == qkv.size(1) &&
-      cos.size(1) == D / 2 && !cos.requires_grad() && !sin.requires_grad();
+      tables;
 #else
-  (void)qkv, (void)H, (void)Hkv, (void)cos, (void)sin;
   return false;
 #endif
 }
@@ -542,6 +551,8 @@ std::array<torch::Tensor, 3> rotary_norm_qkv(
     const torch::Tensor& sin,
     double eps) {
   head_size(qkv, H, Hkv);
+  if (qkv.device().is_cpu() && rotary_norm_qkv_is_fused(qkv, H, Hkv, cos, sin))
+    return cpu::rotary_norm_qkv(qkv, H, Hkv, cos, sin, eps);
 #ifdef ORCHARD_CUDA_KERNELS
   if (rotary_norm_qkv_is_fused(qkv, H, Hkv, cos, sin)) {
     auto out = RotaryNormQkv::apply(qkv, H, Hkv, cos, sin, eps);
@@ -565,6 +576,9 @@ bool residual_add_rms_norm_is_fused(
     const torch::Tensor& x,
     const torch::Tensor& b,
     torch::ScalarType out) {
+  if (cpu::takes({x, b}))
+    return x.sizes() == b.sizes() && x.dim() >= 1 && x.size(-1) > 0 &&
+        out == x.scalar_type();
 #ifdef ORCHARD_CUDA_KERNELS
   auto ok = [](torch::ScalarType t) {
     return t == torch::kFloat32 || t == torch::kFloat16 ||
@@ -593,8 +607,10 @@ std::pair<torch::Tensor, torch::Tensor> residual_add_rms_norm(
     const torch::Tensor& b,
     double eps,
     std::optional<torch::ScalarType> out) {
-#ifdef ORCHARD_CUDA_KERNELS
   const auto type = out.value_or(x.scalar_type());
+  if (x.device().is_cpu() && residual_add_rms_norm_is_fused(x, b, type))
+    return cpu::residual_add_rms_norm(x, b, eps);
+#ifdef ORCHARD_CUDA_KERNELS
   if (residual_add_rms_norm_is_fused(x, b, type)) {
     auto r = ResidualAddRmsNorm::apply(x, b, eps, int64_t(type));
     return {r[0], r[1]};

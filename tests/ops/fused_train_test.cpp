@@ -3,8 +3,8 @@
 // finite differences in float64), and each CUDA kernel against the plain
 // definition, values and gradients, in float32, bfloat16 and float16, over
 // odd shapes (skipped where the kernels are not built or there is no GPU).
-#include "core/torch_compat.h"
 #include "ops/fused_train.h"
+#include "core/torch_compat.h"
 #include "ops/linear.h"
 #include "ops/op_test_util.h"
 
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 namespace orchard {
@@ -129,7 +130,8 @@ TEST(FusedTrain, RotaryNormQkvRotatesAndNormsQAndKAndKeepsV) {
         const auto head = x[b][t][h];
         torch::Tensor want = head;
         if (h < H + Hkv) {
-          const auto x1 = head.narrow(0, 0, D / 2), x2 = head.narrow(0, D / 2, D / 2);
+          const auto x1 = head.narrow(0, 0, D / 2),
+                     x2 = head.narrow(0, D / 2, D / 2);
           const auto c = cos[t], s = sin[t];
           const auto r = torch::cat({x1 * c + x2 * s, x2 * c - x1 * s});
           want = r / torch::sqrt((r * r).mean() + 1e-6);
@@ -152,13 +154,16 @@ TEST(FusedTrain, RotaryNormQkvRotatesAndNormsQAndKAndKeepsV) {
 
 TEST(FusedTrain, ResidualAddRmsNormReturnsTheSumAndItsNorm) {
   torch::manual_seed(9);
-  const auto x = torch::randn({2, 3, 8}, kF64), b = torch::randn({2, 3, 8}, kF64);
+  const auto x = torch::randn({2, 3, 8}, kF64),
+             b = torch::randn({2, 3, 8}, kF64);
   const auto [s, y] = ops::residual_add_rms_norm(x, b, 1e-6);
   EXPECT_LT((s - (x + b)).abs().max().item<double>(), 1e-15);
-  const auto want = (x + b) / torch::sqrt((x + b).square().mean(-1, true) + 1e-6);
+  const auto want =
+      (x + b) / torch::sqrt((x + b).square().mean(-1, true) + 1e-6);
   EXPECT_LT((y - want).abs().max().item<double>(), 1e-13);
   EXPECT_EQ(
-      ops::residual_add_rms_norm(x, b, 1e-6, torch::kFloat32).second.scalar_type(),
+      ops::residual_add_rms_norm(x, b, 1e-6, torch::kFloat32)
+          .second.scalar_type(),
       torch::kFloat32);
   // Both outputs carry gradient back to both inputs.
   for (int out = 0; out < 2; ++out)
@@ -170,7 +175,8 @@ TEST(FusedTrain, ResidualAddRmsNormReturnsTheSumAndItsNorm) {
         {torch::randn({3, 5}, kF64), torch::randn({3, 5}, kF64)});
   expect_gradients_match_differences(
       [](const std::vector<torch::Tensor>& in) {
-        const auto [sum, normed] = ops::residual_add_rms_norm(in[0], in[1], 1e-6);
+        const auto [sum, normed] =
+            ops::residual_add_rms_norm(in[0], in[1], 1e-6);
         return sum * 0.3 + normed;
       },
       {torch::randn({3, 5}, kF64), torch::randn({3, 5}, kF64)});
@@ -295,7 +301,6 @@ TEST(FusedTrain, AddRmsNormKernelEqualsThePlainOpsWithGradients) {
     }
 }
 
-
 TEST(FusedTrain, ReluSquareKernelEqualsThePlainOpsWithGradients) {
   REQUIRE_KERNELS(cuda);
   torch::manual_seed(7);
@@ -339,14 +344,18 @@ TEST(FusedTrain, RotaryNormQkvKernelEqualsThePlainOpsWithGradients) {
   // GPT d12's heads (6 of 128), grouped-query heads of 64, 192 and 256, an
   // odd sequence length.
   const std::vector<Case> cases = {
-      {2, 33, 6, 6, 128}, {3, 7, 4, 2, 64}, {1, 5, 2, 1, 192}, {2, 9, 3, 3, 256}};
+      {2, 33, 6, 6, 128},
+      {3, 7, 4, 2, 64},
+      {1, 5, 2, 1, 192},
+      {2, 9, 3, 3, 256}};
   for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
     for (const auto& c : cases) {
       const auto qkv =
           torch::randn({c.B, c.T, (c.H + 2 * c.Hkv) * c.D}, on).to(dtype);
       const auto angle =
           torch::arange(c.T, on).unsqueeze(1) * torch::rand({1, c.D / 2}, on);
-      const auto cos = torch::cos(angle).to(dtype), sin = torch::sin(angle).to(dtype);
+      const auto cos = torch::cos(angle).to(dtype),
+                 sin = torch::sin(angle).to(dtype);
       ASSERT_TRUE(ops::rotary_norm_qkv_is_fused(qkv, c.H, c.Hkv, cos, sin));
       // heads_first: the gradients come back in attention's (B, heads, T,
       // D) layout, which the kernel reads where it is.
@@ -359,9 +368,10 @@ TEST(FusedTrain, RotaryNormQkvKernelEqualsThePlainOpsWithGradients) {
                        const std::vector<torch::Tensor>& in) {
               const double eps = 1e-6;
               auto out =
-                  (fused ? ops::rotary_norm_qkv(in[0], c.H, c.Hkv, cos, sin, eps)
-                         : ops::rotary_norm_qkv_reference(
-                               in[0], c.H, c.Hkv, cos, sin, eps))[part];
+                  (fused
+                       ? ops::rotary_norm_qkv(in[0], c.H, c.Hkv, cos, sin, eps)
+                       : ops::rotary_norm_qkv_reference(
+                             in[0], c.H, c.Hkv, cos, sin, eps))[part];
               return heads_first
                   ? out.transpose(1, 2).contiguous().transpose(1, 2)
                   : out;
@@ -438,7 +448,8 @@ TEST(FusedTrain, ResidualAddRmsNormKernelEqualsThePlainOpsWithGradients) {
     const auto w = torch::randn({5, C}, on);
     auto f = [](bool fused) {
       return [fused](const std::vector<torch::Tensor>& in) {
-        return (fused ? ops::residual_add_rms_norm(in[0], in[1], 1e-6, torch::kBFloat16)
+        return (fused ? ops::residual_add_rms_norm(
+                            in[0], in[1], 1e-6, torch::kBFloat16)
                       : ops::residual_add_rms_norm_reference(
                             in[0], in[1], 1e-6, torch::kBFloat16))
             .second;
@@ -446,13 +457,130 @@ TEST(FusedTrain, ResidualAddRmsNormKernelEqualsThePlainOpsWithGradients) {
     };
     const auto got = run(f(true), {x, b}, w), want = run(f(false), {x, b}, w);
     for (int k = 0; k < 2; ++k)
-      EXPECT_LT(relative_error(got.grads[k], want.grads[k]), 8 * ulp(torch::kBFloat16))
+      EXPECT_LT(
+          relative_error(got.grads[k], want.grads[k]),
+          8 * ulp(torch::kBFloat16))
           << "C " << C << " input " << k;
   }
   // 100 values a row: the plain ops.
   const auto odd = torch::randn({3, 100}, on);
   EXPECT_FALSE(ops::residual_add_rms_norm_is_fused(odd, odd, torch::kFloat32));
 }
+// The CPU's loops (ops/fused_cpu.h) against the plain ops, float32,
+// values and gradients; float64 goes through them in the tests above,
+// against hand computations and finite differences.
+TEST(FusedTrain, CpuReluSquareEqualsThePlainOpsToTheBit) {
+  torch::manual_seed(13);
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{16, 3072}, {37, 11}, {5}}) {
+    auto u = torch::randn(shape) * 3;
+    u.view({-1}).narrow(0, 0, 1).zero_();
+    ASSERT_TRUE(ops::relu_square_is_fused(u));
+    const auto w = torch::randn(shape);
+    auto f = [](bool fused) {
+      return [fused](const std::vector<torch::Tensor>& in) {
+        return fused ? ops::relu_square(in[0])
+                     : ops::relu_square_reference(in[0]);
+      };
+    };
+    const auto got = run(f(true), {u}, w), want = run(f(false), {u}, w);
+    EXPECT_EQ(relative_error(got.out, want.out), 0.0);
+    EXPECT_EQ(relative_error(got.grads[0], want.grads[0]), 0.0);
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto edge = torch::tensor({std::nan(""), -inf, inf, -0.0, 2.0});
+  const auto y = ops::relu_square(edge);
+  EXPECT_TRUE(y[0].isnan().item<bool>());
+  EXPECT_EQ(y[1].item<float>(), 0.0f);
+  EXPECT_EQ(y[2].item<float>(), float(inf));
+  EXPECT_EQ(y[3].item<float>(), 0.0f);
+  EXPECT_EQ(y[4].item<float>(), 4.0f);
+  EXPECT_FALSE(ops::relu_square_is_fused(edge.to(torch::kBFloat16)));
+}
+
+TEST(FusedTrain, CpuRotaryNormQkvEqualsThePlainOpsWithGradients) {
+  torch::manual_seed(14);
+  struct Case {
+    int64_t B, T, H, Hkv, D;
+  };
+  // GPT d12's heads (6 of 128), grouped-query heads, a D of 6.
+  const std::vector<Case> cases = {
+      {2, 33, 6, 6, 128}, {3, 7, 4, 2, 64}, {1, 5, 2, 1, 6}};
+  for (const auto& c : cases) {
+    const auto qkv = torch::randn({c.B, c.T, (c.H + 2 * c.Hkv) * c.D});
+    const auto angle =
+        torch::arange(c.T).unsqueeze(1) * torch::rand({1, c.D / 2});
+    const auto cos = torch::cos(angle), sin = torch::sin(angle);
+    ASSERT_TRUE(ops::rotary_norm_qkv_is_fused(qkv, c.H, c.Hkv, cos, sin));
+    EXPECT_FALSE(ops::rotary_norm_qkv_is_fused(
+        qkv, c.H, c.Hkv, cos.narrow(0, 0, c.T - 1), sin.narrow(0, 0, c.T - 1)));
+    // heads_first: gradients in attention's (B, heads, T, D) layout.
+    for (const bool heads_first : {false, true})
+      for (int64_t part = 0; part < 3; ++part) {
+        const int64_t heads = part == 0 ? c.H : c.Hkv;
+        const auto w = torch::randn({c.B, c.T, heads, c.D});
+        auto f = [&c, &cos, &sin, part, heads_first](bool fused) {
+          return [&c, &cos, &sin, part, heads_first, fused](
+                     const std::vector<torch::Tensor>& in) {
+            auto out =
+                (fused ? ops::rotary_norm_qkv(in[0], c.H, c.Hkv, cos, sin, 1e-6)
+                       : ops::rotary_norm_qkv_reference(
+                             in[0], c.H, c.Hkv, cos, sin, 1e-6))[part];
+            return heads_first
+                ? out.transpose(1, 2).contiguous().transpose(1, 2)
+                : out;
+          };
+        };
+        const auto got = run(f(true), {qkv}, w), want = run(f(false), {qkv}, w);
+        ASSERT_EQ(got.out.sizes(), want.out.sizes());
+        EXPECT_LT(relative_error(got.out, want.out), 2 * ulp(torch::kFloat32))
+            << "D " << c.D << " part " << part;
+        EXPECT_LT(
+            relative_error(got.grads[0], want.grads[0]),
+            8 * ulp(torch::kFloat32))
+            << "D " << c.D << " part " << part << " heads first "
+            << heads_first;
+      }
+    const auto v = ops::rotary_norm_qkv(qkv, c.H, c.Hkv, cos, sin, 1e-6)[2];
+    EXPECT_EQ(v.data_ptr(), qkv.narrow(2, (c.H + c.Hkv) * c.D, 1).data_ptr());
+  }
+}
+
+TEST(FusedTrain, CpuResidualAddRmsNormEqualsThePlainOpsWithGradients) {
+  torch::manual_seed(15);
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{4, 17, 768}, {3, 128}, {2, 5, 100}}) {
+    const auto x = torch::randn(shape) * 2, b = torch::randn(shape);
+    ASSERT_TRUE(ops::residual_add_rms_norm_is_fused(x, b, torch::kFloat32));
+    const auto ws = torch::randn(shape), wy = torch::randn(shape);
+    // Both outputs weighed, then the norm's alone (the last block's sum
+    // feeds nothing).
+    for (const bool sum_used : {true, false}) {
+      auto f = [&ws, sum_used](bool fused) {
+        return [&ws, sum_used, fused](const std::vector<torch::Tensor>& in) {
+          const auto [s, y] = fused
+              ? ops::residual_add_rms_norm(in[0], in[1], 1e-6)
+              : ops::residual_add_rms_norm_reference(in[0], in[1], 1e-6);
+          return sum_used ? y + s * ws : y;
+        };
+      };
+      const auto got = run(f(true), {x, b}, wy);
+      const auto want = run(f(false), {x, b}, wy);
+      EXPECT_LT(relative_error(got.out, want.out), 2 * ulp(torch::kFloat32));
+      for (int k = 0; k < 2; ++k)
+        EXPECT_LT(
+            relative_error(got.grads[k], want.grads[k]),
+            8 * ulp(torch::kFloat32))
+            << "input " << k << " sum used " << sum_used;
+    }
+  }
+  // A bfloat16 branch or output: the plain ops.
+  const auto x = torch::randn({3, 8});
+  EXPECT_FALSE(ops::residual_add_rms_norm_is_fused(
+      x, x.to(torch::kBFloat16), torch::kFloat32));
+  EXPECT_FALSE(ops::residual_add_rms_norm_is_fused(x, x, torch::kBFloat16));
+}
+
 TEST(FusedTrain, AutocastLinearMakesTheWeightGradientInFloat32) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "SKIPPED: no CUDA device";
@@ -470,8 +598,10 @@ TEST(FusedTrain, AutocastLinearMakesTheWeightGradientInFloat32) {
     torch::Tensor y;
     {
       compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
-      EXPECT_EQ(ops::autocast_linear_is_fused(x, w), bool(ORCHARD_MM_OUT_DTYPE));
-      y = fused ? ops::autocast_linear(x, w) : torch::nn::functional::linear(x, w);
+      EXPECT_EQ(
+          ops::autocast_linear_is_fused(x, w), bool(ORCHARD_MM_OUT_DTYPE));
+      y = fused ? ops::autocast_linear(x, w)
+                : torch::nn::functional::linear(x, w);
     }
     (y.to(torch::kFloat32) * wy).sum().backward();
     return Out{y, x.grad(), w.grad()};

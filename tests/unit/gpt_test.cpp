@@ -178,7 +178,10 @@ TEST(Gpt, LoraWrapsItsProjections) {
   spec.alpha = 4;
   spec.target_modules = {"c_q", "c_v", "c_fc", "c_proj"}; // c_proj: both
   EXPECT_EQ(m->add_lora(spec, torch::kFloat64), 5 * c.n_layer);
-  EXPECT_TRUE(torch::equal(m->forward(idx), before));
+  // Equal up to rounding: without adapters q, k and v come from one
+  // stacked product and the CPU's fused rotary + QK-norm, with them from
+  // three products and the plain ops.
+  EXPECT_LT((m->forward(idx) - before).abs().max().item<double>(), 1e-12);
   int64_t trainable = 0;
   for (const auto& p : m->named_parameters())
     if (p.value().requires_grad()) {
@@ -314,10 +317,13 @@ void expect_same_gradients(const Gpt& a, const Gpt& b, double tol) {
   auto pa = a->named_parameters(), pb = b->named_parameters();
   for (size_t i = 0; i < pa.size(); ++i) {
     ASSERT_TRUE(pb[i].value().grad().defined()) << pa[i].key();
-    EXPECT_TRUE(torch::allclose(
-        pa[i].value().grad(), pb[i].value().grad(), tol, tol))
+    EXPECT_TRUE(
+        torch::allclose(pa[i].value().grad(), pb[i].value().grad(), tol, tol))
         << pa[i].key() << ": largest difference "
-        << (pa[i].value().grad() - pb[i].value().grad()).abs().max().item<double>();
+        << (pa[i].value().grad() - pb[i].value().grad())
+               .abs()
+               .max()
+               .item<double>();
   }
 }
 
@@ -361,7 +367,6 @@ TEST(Gpt, OneQkvProductTrainsAsThreeProducts) {
   }
 }
 
-
 // On CUDA the step runs the fused kernels (ops/fused_train.h: one q/k/v
 // product with rotary and QK-norm, ReLU squared, each residual add with
 // the norm after it): in float32 the same loss and gradients as the plain
@@ -388,7 +393,8 @@ TEST(Gpt, FusedCudaKernelsTrainAsThePlainOps) {
     Gpt cpu = perturbed(c, torch::kFloat32);
     Gpt gpu = twin(cpu, c, torch::kFloat32);
     gpu->to(cuda);
-    auto x = torch::randint(0, 300, {3, 24}), y = torch::randint(0, 300, {3, 24});
+    auto x = torch::randint(0, 300, {3, 24}),
+         y = torch::randint(0, 300, {3, 24});
     double want = loss_and_backward(cpu, x, y, bf16);
     torch::Tensor loss;
     {
@@ -397,12 +403,14 @@ TEST(Gpt, FusedCudaKernelsTrainAsThePlainOps) {
       loss = gpu->loss(x.to(cuda), y.to(cuda));
     }
     loss.backward();
-    EXPECT_NEAR(loss.item<double>(), want, bf16 ? 2e-2 : 1e-5) << "bf16 " << bf16;
+    EXPECT_NEAR(loss.item<double>(), want, bf16 ? 2e-2 : 1e-5)
+        << "bf16 " << bf16;
     auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
     for (size_t i = 0; i < pc.size(); ++i) {
       const auto g = pg[i].value().grad().to(torch::kCPU);
       const auto w = pc[i].value().grad();
-      const double rel = (g - w).norm().item<double>() / w.norm().item<double>();
+      const double rel =
+          (g - w).norm().item<double>() / w.norm().item<double>();
       EXPECT_LT(rel, bf16 ? 3e-2 : 1e-4) << pc[i].key() << " bf16 " << bf16;
     }
   }
