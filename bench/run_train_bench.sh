@@ -4,6 +4,8 @@
 # d20 on the CUDA machine).
 #   bench/run_train_bench.sh cuda   (GPT-2 small size: d12, width 768, vocab 50304, 16 x 1024)
 #   bench/run_train_bench.sh cpu    (d4, d6, d12 at width 64*depth, vocab 8192, 8 x 256)
+#   PAIRS=N (cpu): each depth's two runs N times, interleaved (a shared VM's
+#   speed drifts by more than the ratios measured; compare the medians).
 # Needs build/ (or BUILD_DIR) and a Python with torch (PEER_PYTHON, default
 # python3; on Debian: apt-get install python3-torch, then PEER_PYTHON=/usr/bin/python3).
 set -uo pipefail
@@ -32,7 +34,9 @@ else
   for d in 4 6 12; do
     w=$((64 * d)); h=$(( (w + 127) / 128 ))
     args="cpu $d $w $h 8192 8 256 5"
-    "$bin" $args fp32 adamw
-    "$py" "$peer" $args eager fp32
+    for _ in $(seq "${PAIRS:-1}"); do
+      "$bin" $args fp32 adamw
+      "$py" "$peer" $args eager fp32
+    done
   done
 fi

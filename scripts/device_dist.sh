@@ -24,6 +24,8 @@
 # must keep its value on two processes as on one).
 # PARTS picks what runs (default "same trm zero zbench bench grpo", grpo
 # on CUDA only; "zero" is 1c, "zbench" 2b, "grpo" 3). NCCL_MAX_NCHANNELS etc. pass through.
+# TRACE_STEP=N-M (bench, CUDA): also traces those steps of one process and
+# of both ranks of two (ORCHARD_TRACE); summaries in $OUT/dist_trace.txt.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
 # machine. Logs come back as $OUT/logs.tgz, the figures as
 # $OUT/dist_bench.jsonl.
@@ -232,6 +234,24 @@ $O launch --nproc-per-node 2 --master-port 29562 -- $BIG total_batch_size=$((2 *
   > $OUT/bench_two.log 2>&1 || { status=1; tail -20 $OUT/bench_two.log; }
 one=$(median $W/b1/metrics.jsonl); two=$(median $W/b2/metrics.jsonl)
 echo "{\"orchard\": \"d$DEPTH ${B}x$T\", \"one\": $one, \"two\": $two}" | tee -a "$RESULT/dist_bench.jsonl"
+grep -h "Gradient averaging" $OUT/bench_two.log | head -1 | tee -a "$RESULT/dist_bench.jsonl"
+# TRACE_STEP=N-M: those steps of the one- and two-process runs traced
+# again (rank 0 and rank 1 each write a trace), summed, and brought back
+# gzipped.
+if [ -n "${TRACE_STEP:-}" ] && [ "$DEV" = cuda ]; then
+  TB=${BIG/num_iterations=$STEPS/num_iterations=${TRACE_STEP#*-}}
+  ORCHARD_TRACE=$OUT/one.json ORCHARD_TRACE_STEP=$TRACE_STEP $O $TB \
+    total_batch_size=$((B * T)) run_dir=$W/t1 > $OUT/trace_one.log 2>&1 || status=1
+  ORCHARD_TRACE=$OUT/two.json ORCHARD_TRACE_STEP=$TRACE_STEP $O launch --nproc-per-node 2 --master-port 29564 -- \
+    $TB total_batch_size=$((2 * B * T)) run_dir=$W/t2 > $OUT/trace_two.log 2>&1 || status=1
+  for t in one.json two.json two.json.rank1; do
+    [ -f $OUT/$t ] || continue
+    echo "trace: $t" | tee -a "$RESULT/dist_trace.txt"
+    $PY bench/trace_summary.py $OUT/$t 25 2>&1 | tee -a "$RESULT/dist_trace.txt"
+    gzip -c $OUT/$t > "$RESULT/$t.gz"; rm -f $OUT/$t
+  done
+fi
+[ "${PEERS:-1}" = 1 ] || exit $status # PEERS=0: Orchard's runs only
 MODE=eager; [ "${COMPILE:-0}" = 1 ] && MODE=compile
 PREC=bf16; [ "$DEV" = cpu ] && PREC=fp32
 WIDTH=$((64 * DEPTH)); HEADS=$(( WIDTH / 128 > 0 ? WIDTH / 128 : 1 ))

@@ -15,6 +15,12 @@
 #   (TRAIN_OPTIMS, default "adamw muon").
 # PHASE=d20: only d20 (D20_OPTIMS, default "adamw muon"): Orchard, then
 #   torch.compile for AdamW (the Muon peer is launch-bound; see d12).
+#   TRAIN=1: then the real `orchard train` at d20 (TRAIN_OPTIMS, default
+#   adamw; 8 x 1024 a step).
+# PHASE=pairs: d12, for each optimizer in PAIR_OPTIMS (default "adamw
+#   muon"): orchard_bench_train, then torch.compile's peer with the same
+#   optimizer (modded-nanogpt's Muon for muon); then `orchard train` with
+#   each. UNIT=1: the GPU unit tests first.
 # PHASE=trace: orchard_bench_train d12 AdamW and torch.compile's AdamW peer
 #   side by side, then one step of each traced (Kineto; torch.profiler for
 #   the peer) and their kernels summed (TOP kernels, default 45). UNIT=1:
@@ -164,6 +170,20 @@ d20)
     $B/orchard_bench_train $A20 bf16 $o 2>&1 | log
     [ "$o" = adamw ] && python3 bench/peers/gpt_train_step.py $A20 compile bf16 $o 2>&1 | grep -E "^pytorch|Error" | log
   done
+  if [ "${TRAIN:-0}" = 1 ]; then
+    TRAIN_OPTIMS=${TRAIN_OPTIMS:-adamw} \
+      TRAIN_SHAPE="depth=20 max_seq_len=1024 total_batch_size=8192 device_batch_size=8" \
+      orchard_train_runs
+  fi
+  ;;
+pairs)
+  [ "${UNIT:-0}" = 1 ] && unit_tests
+  A="cuda 12 768 6 50304 16 1024 20"
+  for o in ${PAIR_OPTIMS:-adamw muon}; do
+    $B/orchard_bench_train $A bf16 $o 2>&1 | log
+    python3 bench/peers/gpt_train_step.py $A compile bf16 $o 2>&1 | grep -E "^pytorch|Error" | log
+  done
+  TRAIN_OPTIMS=${PAIR_OPTIMS:-adamw muon} orchard_train_runs
   ;;
 memgrid)
   BUILD_DIR=$B bash bench/run_memory_grid.sh cuda > "$OUT/memory_grid_cuda.txt" 2>&1

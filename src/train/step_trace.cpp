@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
 
 namespace orchard::train {
 
@@ -43,8 +44,12 @@ StepTrace::StepTrace() {
   if (!ORCHARD_KINETO_TRACE)
     throw UserError(
         "ORCHARD_TRACE needs libtorch 2.x (its Kineto profiler); this build "
-        "has libtorch " + compat::torch_version() + ". Unset ORCHARD_TRACE.");
+        "has libtorch " +
+        compat::torch_version() + ". Unset ORCHARD_TRACE.");
   path_ = path;
+  // Several processes: rank 0 writes PATH, rank N PATH.rankN.
+  if (const char* rank = std::getenv("RANK"); rank && std::string(rank) != "0")
+    path_ += std::string(".rank") + rank;
   first_ = first - 1;
   last_ = last - 1;
 }
@@ -72,8 +77,10 @@ void StepTrace::end(int64_t step) {
     torch::autograd::profiler::disableProfiler()->save(path_);
   } catch (const std::exception& e) {
     std::fprintf(
-        stderr, "warning: the step's trace was not saved to %s: %s\n",
-        path_.c_str(), e.what());
+        stderr,
+        "warning: the step's trace was not saved to %s: %s\n",
+        path_.c_str(),
+        e.what());
   }
 #endif
 }
