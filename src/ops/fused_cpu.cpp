@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace orchard::ops::cpu {
 namespace {
@@ -136,23 +137,24 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
     auto v = qkv.narrow(2, (H + Hkv) * D, Hkv * D).view({B, T, Hkv, D});
     auto rstd = torch::empty({s.tokens, H + Hkv}, qkv.options());
     by_dtype(qkv, [&](auto zero) {
-      using T_ = decltype(zero);
-      const T_* in = qkv.data_ptr<T_>();
-      const T_ *pc = cos.data_ptr<T_>(), *ps = sin.data_ptr<T_>();
-      T_ *pq = q.data_ptr<T_>(), *pk = k.data_ptr<T_>();
-      T_* pr = rstd.data_ptr<T_>();
+      using Scalar = decltype(zero);
+      const Scalar* in = qkv.data_ptr<Scalar>();
+      const Scalar *pc = cos.data_ptr<Scalar>(), *ps = sin.data_ptr<Scalar>();
+      Scalar *pq = q.data_ptr<Scalar>(), *pk = k.data_ptr<Scalar>();
+      Scalar* pr = rstd.data_ptr<Scalar>();
       for_rows(s.tokens * (H + Hkv), D, [&](int64_t first, int64_t last) {
         for (int64_t row = first; row < last; ++row) {
           const int64_t n = row / (H + Hkv), h = row % (H + Hkv);
-          const T_* x = in + (n * s.heads() + h) * D;
-          const T_ *c = pc + (n % T) * half, *sn = ps + (n % T) * half;
-          T_* out = h < H ? pq + (n * H + h) * D : pk + (n * Hkv + h - H) * D;
+          const Scalar* x = in + (n * s.heads() + h) * D;
+          const Scalar *c = pc + (n % T) * half, *sn = ps + (n % T) * half;
+          Scalar* out =
+              h < H ? pq + (n * H + h) * D : pk + (n * Hkv + h - H) * D;
           for (int64_t i = 0; i < half; ++i) {
-            const T_ x1 = x[i], x2 = x[i + half];
+            const Scalar x1 = x[i], x2 = x[i + half];
             out[i] = x1 * c[i] + x2 * sn[i];
             out[i + half] = x2 * c[i] - x1 * sn[i];
           }
-          const T_ r = inverse_rms(out, D, eps);
+          const Scalar r = inverse_rms(out, D, eps);
           for (int64_t i = 0; i < D; ++i)
             out[i] *= r;
           pr[row] = r;
@@ -186,32 +188,32 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
     const auto dq = grad(0), dk = grad(1), dv = grad(2);
     auto dqkv = torch::empty({B, T, s.heads() * D}, q.options());
     by_dtype(q, [&](auto zero) {
-      using T_ = decltype(zero);
-      T_* out = dqkv.data_ptr<T_>();
-      const T_ *pc = cos.data_ptr<T_>(), *ps = sin.data_ptr<T_>();
-      const T_* pr = rstd.data_ptr<T_>();
+      using Scalar = decltype(zero);
+      Scalar* out = dqkv.data_ptr<Scalar>();
+      const Scalar *pc = cos.data_ptr<Scalar>(), *ps = sin.data_ptr<Scalar>();
+      const Scalar* pr = rstd.data_ptr<Scalar>();
       // Token n's head h of g (B, T, heads, D), any strides but the last.
       auto at = [&](const torch::Tensor& g, int64_t n, int64_t h) {
-        return g.data_ptr<T_>() + (n / T) * g.stride(0) +
+        return g.data_ptr<Scalar>() + (n / T) * g.stride(0) +
             (n % T) * g.stride(1) + h * g.stride(2);
       };
       for_rows(s.tokens * s.heads(), D, [&](int64_t first, int64_t last) {
-        std::vector<T_> dr(D);
+        std::vector<Scalar> dr(D);
         for (int64_t row = first; row < last; ++row) {
           const int64_t n = row / s.heads(), h = row % s.heads();
-          T_* dx = out + row * D;
+          Scalar* dx = out + row * D;
           const bool is_q = h < H, is_k = !is_q && h < H + Hkv;
           const torch::Tensor& g = is_q ? dq : is_k ? dk : dv;
           if (!g.defined()) {
-            std::fill(dx, dx + D, T_(0));
+            std::fill(dx, dx + D, Scalar(0));
             continue;
           }
           if (!is_q && !is_k) { // v: the product's own columns
             std::copy_n(at(g, n, h - H - Hkv), D, dx);
             continue;
           }
-          const T_* y = is_q ? q.data_ptr<T_>() + (n * H + h) * D
-                             : k.data_ptr<T_>() + (n * Hkv + h - H) * D;
+          const Scalar* y = is_q ? q.data_ptr<Scalar>() + (n * H + h) * D
+                                 : k.data_ptr<Scalar>() + (n * Hkv + h - H) * D;
           rms_norm_backward_row(
               at(g, n, is_q ? h : h - H),
               y,
@@ -220,7 +222,7 @@ struct RotaryNormQkv : torch::autograd::Function<RotaryNormQkv> {
               dr.data());
           // Rotation back: the transpose of (x1, x2) -> (x1 c + x2 s,
           // x2 c - x1 s).
-          const T_ *c = pc + (n % T) * half, *sn = ps + (n % T) * half;
+          const Scalar *c = pc + (n % T) * half, *sn = ps + (n % T) * half;
           for (int64_t i = 0; i < half; ++i) {
             dx[i] = dr[i] * c[i] - dr[i + half] * sn[i];
             dx[i + half] = dr[i] * sn[i] + dr[i + half] * c[i];
