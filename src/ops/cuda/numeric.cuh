@@ -156,6 +156,11 @@ inline unsigned blocks_for(int64_t work) {
   return unsigned(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
+// Blocks for kernels that take one row a warp (each_warp_row).
+inline unsigned row_blocks(int64_t rows) {
+  return blocks_for(rows * kWarp);
+}
+
 inline bool aligned_to(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
