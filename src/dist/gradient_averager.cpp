@@ -10,11 +10,13 @@
 #include "dist/world.h"
 
 #include "dist/c10d_group.h"
+#include "ops/gradient_sink.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 namespace orchard::dist {
 
@@ -31,7 +33,12 @@ namespace {
 // Muon, an 8-bit embedding).
 constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
 
-class OverlappedAverager final : public GradientAverager {
+// Also the products' gradient sink (ops/gradient_sink.h) while the last
+// backward of a step runs: a weight whose gradient lands whole in one
+// place of a bucket gets that place to be written by its product, so the
+// hook has nothing to copy (as DDP's gradient_as_bucket_view).
+class OverlappedAverager final : public GradientAverager,
+                                 public ops::GradientSink {
  public:
   OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
       : sharded_(sharded) {
@@ -59,7 +66,8 @@ class OverlappedAverager final : public GradientAverager {
         o = open.insert_or_assign(kind, buckets_.size() - 1).first;
       }
       Bucket& b = buckets_[o->second];
-      slots_.push_back({it->name, p, it->whole, o->second, {}, false});
+      slots_.push_back({it->name, p, it->whole, o->second, {}, false, false});
+      slot_of_key_[ops::weight_key(p)] = slots_.size() - 1;
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
     }
@@ -112,6 +120,7 @@ class OverlappedAverager final : public GradientAverager {
   }
 
   ~OverlappedAverager() override {
+    leave_sink();
     for (size_t i = 0; i < slots_.size(); ++i)
       slots_[i].param.remove_hook(hooks_[i]);
   }
@@ -122,8 +131,10 @@ class OverlappedAverager final : public GradientAverager {
     next_ = 0;
     sent_in_backward_ = 0;
     hooked_ = 0;
+    in_place_ = 0;
     for (auto& s : slots_)
-      s.ready = false;
+      s.ready = s.given = false;
+    ops::set_gradient_sink(this);
     for (auto& b : buckets_) {
       b.ready = 0;
       b.work.reset();
@@ -131,6 +142,7 @@ class OverlappedAverager final : public GradientAverager {
   }
 
   void disarm() override {
+    leave_sink();
     std::lock_guard<std::mutex> lock(mu_);
     armed_ = false;
     for (auto& b : buckets_)
@@ -142,6 +154,7 @@ class OverlappedAverager final : public GradientAverager {
   }
 
   void finish() override {
+    leave_sink();
     torch::NoGradGuard no_grad;
     // Parameters no micro-step of this rank reached (no gradient at all).
     std::vector<int64_t> unused_here;
@@ -202,6 +215,13 @@ class OverlappedAverager final : public GradientAverager {
           ++unused_;
         }
     }
+    // The gradients made in their bucket: autograd kept that memory as
+    // .grad, so nothing was copied on the way.
+    for (const Slot& s : slots_)
+      if (s.given && s.param.grad().defined() &&
+          s.param.grad().data_ptr() ==
+              in_bucket(s, s.segments[0]).data_ptr())
+        ++in_place_;
     if (!sharded_) {
       // .grad becomes a view of the mean (no copy back); the gradient
       // autograd accumulated on its own is dropped.
@@ -283,7 +303,8 @@ class OverlappedAverager final : public GradientAverager {
         std::to_string(sent_in_backward_) +
         " of them sent while the backward ran; " + std::to_string(hooked_) +
         " of " + std::to_string(slots_.size()) +
-        " gradients handed over by its hooks";
+        " gradients handed over by its hooks, " + std::to_string(in_place_) +
+        " of them made in their bucket by their product";
     if (unused_ > 0)
       out += "; " + std::to_string(unused_) +
           " parameter(s) no process gave a gradient keep none (the optimizer "
@@ -314,6 +335,7 @@ class OverlappedAverager final : public GradientAverager {
     size_t bucket;
     std::vector<Segment> segments;
     bool ready;
+    bool given; // its place in the bucket handed to its product
   };
   struct Bucket {
     torch::TensorOptions options;
@@ -399,9 +421,32 @@ class OverlappedAverager final : public GradientAverager {
     return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
   }
 
+  // The sink (ops/gradient_sink.h), on autograd's thread: the weight's
+  // place in its bucket, once a backward, where the gradient lands whole
+  // in one place and nothing is accumulated in .grad from earlier
+  // micro-steps to add to it.
+  torch::Tensor destination(std::intptr_t key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto found = slot_of_key_.find(key);
+    if (!armed_ || found == slot_of_key_.end())
+      return {};
+    Slot& s = slots_[found->second];
+    if (s.ready || s.given || s.segments.size() != 1 ||
+        s.segments[0].length != s.param.numel() || s.param.grad().defined())
+      return {};
+    s.given = true;
+    return in_bucket(s, s.segments[0]).view(s.param.sizes());
+  }
+
+  void leave_sink() {
+    if (ops::gradient_sink() == this)
+      ops::set_gradient_sink(nullptr);
+  }
+
   // Autograd's hook (its thread on CUDA): the step's gradient g of
   // parameter i, before it is added to .grad. The bucket gets the sum now
-  // (queued on the stream the collective waits for).
+  // (queued on the stream the collective waits for), unless its product
+  // made g in the bucket already.
   void on_gradient(size_t i, const torch::Tensor& g) {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[i];
@@ -413,6 +458,9 @@ class OverlappedAverager final : public GradientAverager {
     for (const Segment& seg : s.segments) {
       torch::Tensor dst = in_bucket(s, seg);
       const torch::Tensor part = flat_g.narrow(0, seg.begin, seg.length);
+      if (s.given && !acc.defined() && part.data_ptr() == dst.data_ptr() &&
+          part.is_contiguous())
+        continue;
       if (acc.defined())
         torch::add_out(
             dst, acc.reshape({-1}).narrow(0, seg.begin, seg.length), part);
@@ -466,6 +514,7 @@ class OverlappedAverager final : public GradientAverager {
   int64_t region_cap_ = 0;     // bytes of a rank's region (sharded)
   std::vector<int64_t> owned_; // values each rank steps, so far
   std::vector<Slot> slots_;
+  std::unordered_map<std::intptr_t, size_t> slot_of_key_;
   std::vector<Bucket> buckets_;
   std::vector<ShardPiece> pieces_;
   // Each piece's bucket and offset in it, and its parameter's slot.
@@ -479,7 +528,7 @@ class OverlappedAverager final : public GradientAverager {
   std::mutex mu_;
   bool armed_ = false;
   size_t next_ = 0;
-  size_t sent_in_backward_ = 0, hooked_ = 0;
+  size_t sent_in_backward_ = 0, hooked_ = 0, in_place_ = 0;
 };
 
 } // namespace

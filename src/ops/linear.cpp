@@ -1,6 +1,7 @@
 #include "ops/linear.h"
 
 #include "core/torch_compat.h"
+#include "ops/gradient_sink.h"
 #include "ops/kernel_call.h"
 #include "ops/silu_mul.h"
 
@@ -120,6 +121,8 @@ struct AutocastLinear : torch::autograd::Function<AutocastLinear> {
     ctx->save_for_backward({x2, w});
     ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
     ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["weight_key"] = int64_t(weight_key(weight));
+    ctx->saved_data["weight_sizes"] = weight.sizes().vec();
     return at::mm(x2, w.t()).view(sizes);
   }
   static torch::autograd::variable_list backward(
@@ -134,8 +137,18 @@ struct AutocastLinear : torch::autograd::Function<AutocastLinear> {
                .view(ctx->saved_data["x_sizes"].toIntVector())
                .to(static_cast<torch::ScalarType>(
                    ctx->saved_data["x_dtype"].toInt()));
-    if (ctx->needs_input_grad(1))
-      dw = at::mm(dy.t(), x2, torch::kFloat32);
+    if (ctx->needs_input_grad(1)) {
+      // Into the gradient averager's bucket where it hands one out
+      // (ops/gradient_sink.h), else a tensor of its own.
+      dw = gradient_destination(
+          std::intptr_t(ctx->saved_data["weight_key"].toInt()),
+          ctx->saved_data["weight_sizes"].toIntVector(),
+          torch::kFloat32);
+      if (dw.defined())
+        at::mm_out(dw, dy.t(), x2, torch::kFloat32);
+      else
+        dw = at::mm(dy.t(), x2, torch::kFloat32);
+    }
     return {dx, dw, torch::Tensor()};
   }
 };

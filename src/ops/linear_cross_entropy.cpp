@@ -2,6 +2,7 @@
 
 #include "core/dtype.h"
 #include "core/torch_compat.h"
+#include "ops/gradient_sink.h"
 #include "ops/kernel_call.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -130,6 +131,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       if (need_w && padded != V)
         dw = dw.narrow(0, 0, V);
       ctx->save_for_backward({dh, dw});
+      ctx->saved_data["weight_key"] = int64_t(weight_key(w));
       return total;
     }
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -159,6 +161,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
         dw.add_(at::mm(d.t(), hc.to(d.scalar_type())));
     }
     ctx->save_for_backward({dh, dw});
+    ctx->saved_data["weight_key"] = int64_t(weight_key(w));
     return total;
   }
   static torch::autograd::variable_list backward(
@@ -168,9 +171,22 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     auto scaled = [&](const torch::Tensor& d) {
       return d.defined() ? d * grads[0].to(d.scalar_type()) : torch::Tensor();
     };
+    // The head's gradient scaled straight into the gradient averager's
+    // bucket where it hands one out (ops/gradient_sink.h).
+    torch::Tensor dw;
+    if (saved[1].defined()) {
+      dw = gradient_destination(
+          std::intptr_t(ctx->saved_data["weight_key"].toInt()),
+          saved[1].sizes(),
+          saved[1].scalar_type());
+      if (dw.defined())
+        at::mul_out(dw, saved[1], grads[0].to(saved[1].scalar_type()));
+      else
+        dw = scaled(saved[1]);
+    }
     return {
         scaled(saved[0]),
-        scaled(saved[1]),
+        dw,
         torch::Tensor(),
         torch::Tensor(),
         torch::Tensor(),

@@ -241,7 +241,9 @@ TEST(Distributed, TwoNodesOnOneHostTrainWhatOneProcessTrains) {
         "--master-port",
         port,
         "--"};
-    for (const auto& x : c.train("nodes", 4))
+    // 4 rows a micro-step: one micro-step a step on each rank, so the
+    // head's product makes its gradient in the averager's bucket.
+    for (const auto& x : c.train("nodes", 4, {"device_batch_size=4"}))
       a.push_back(x);
     return a;
   };
@@ -257,6 +259,14 @@ TEST(Distributed, TwoNodesOnOneHostTrainWhatOneProcessTrains) {
   EXPECT_EQ(
       test::read_text(c.dir.file("node1.log")).find("Distributed: rank"),
       std::string::npos);
+  EXPECT_NE(
+      first.out.find("1 accumulation step(s) on each of 2 processes"),
+      std::string::npos)
+      << first.out;
+  EXPECT_NE(
+      first.out.find("1 of them made in their bucket by their product"),
+      std::string::npos)
+      << first.out;
   EXPECT_LT(max_difference(c.weights("one", 4), c.weights("nodes", 4)), 2e-4);
 }
 

@@ -1,0 +1,49 @@
+// Where a product's backward may make a weight's gradient: in the memory
+// the gradient is sent from, not in a tensor of its own that is then
+// copied there (DDP's gradient_as_bucket_view).
+//
+// dist's gradient averager (dist/world.h) is the sink while a step's last
+// backward runs: it hands out the weight's part of its bucket. The
+// product writes its gradient there and returns that view to autograd as
+// usual, so autograd's sums, hooks and readiness are unchanged; the
+// averager's hook sees its own memory come back and copies nothing. Where
+// no sink is set, or it hands out nothing, the product makes its gradient
+// as before.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace orchard::ops {
+
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  // A tensor of the weight's shape and dtype to write the gradient of the
+  // weight `key` (weight_key below) into, or an undefined tensor: make
+  // it as usual. Handed out at most once a backward for a weight, so two
+  // uses of one weight never write over each other.
+  virtual torch::Tensor destination(std::intptr_t key) = 0;
+};
+
+// The weight's identity for destination(): its TensorImpl, which a
+// parameter keeps for its life.
+inline std::intptr_t weight_key(const torch::Tensor& weight) {
+  return reinterpret_cast<std::intptr_t>(weight.unsafeGetTensorImpl());
+}
+
+// The sink in force (nullptr: none). Set and cleared by the averager on
+// the training thread; read by the backward on autograd's threads.
+void set_gradient_sink(GradientSink* sink);
+GradientSink* gradient_sink();
+
+// The sink's destination for weight `key` with the gradient's sizes and
+// dtype, or an undefined tensor (no sink, none handed out, or not of
+// those sizes and dtype, or not contiguous).
+torch::Tensor gradient_destination(
+    std::intptr_t key,
+    torch::IntArrayRef sizes,
+    torch::ScalarType dtype);
+
+} // namespace orchard::ops
