@@ -243,6 +243,9 @@ class Trainer {
   uint64_t peak_memory_ = 0; // the highest of every part of the run
   std::string last_checkpoint_;
   bool stop_agreed_ = false; // several processes: some rank was signalled
+  // Several processes: whether this rank was signalled, on the device,
+  // filled before each step (a CUDA graph reads it as it is then).
+  torch::Tensor stop_flag_;
   // CUDA graphs (options.cuda_graphs): the graph, the buffers it reads
   // (one list of inputs per micro-step) and its output, and the micro-
   // batch and accumulation it was made for.

@@ -30,6 +30,12 @@ void Trainer::take_step(
   const int64_t accum =
       opt_.grad_accum * opt_.batch_schedule.multiple_at(step, opt_.total_steps);
   make_averager();
+  if (averager_) {
+    if (!stop_flag_.defined())
+      stop_flag_ = torch::zeros(
+          {1}, torch::TensorOptions().dtype(torch::kFloat32).device(opt_.device));
+    stop_flag_.fill_(last_stop_signal() != 0 ? 1.0 : 0.0);
+  }
   torch::Tensor read = graph_gradients(accum, scale);
   if (!read.defined()) {
     optimizers_.zero_grad();
@@ -133,8 +139,8 @@ torch::Tensor Trainer::gradients(
     // and loss over the ranks, and whether any rank was asked to stop (all
     // stop after the same step).
     averager_->finish();
-    stop =
-        torch::full({1}, last_stop_signal() != 0 ? 1.0f : 0.0f, loss_sum.options());
+    stop = stop_flag_.to(
+        loss_sum.options(), /*non_blocking=*/false, /*copy=*/true);
     if (!shard_optimizers_) // sharded: below, with the gradient norm
       dist::all_reduce_mean({loss_sum, stop});
   }
@@ -172,9 +178,13 @@ torch::Tensor Trainer::gradients(
 }
 
 torch::Tensor Trainer::graph_gradients(int64_t accum, double scale) {
+  // Several processes: the graph holds the buckets' collectives too (NCCL
+  // since 2.9.6 runs them in a graph); not with the optimizer state
+  // sharded, whose update gathers the pieces outside it.
   if (!opt_.cuda_graphs || graphs_off_ || !StepGraph::built() ||
       !opt_.device.is_cuda() || !task_.next_inputs || !task_.loss_of ||
-      averager_ || scaler_.enabled() || scale != 1.0 || test_oom_rows_ > 0)
+      shard_optimizers_ || scaler_.enabled() || scale != 1.0 ||
+      test_oom_rows_ > 0)
     return {};
   if (graph_ && (graph_micro_ != opt_.micro_batch || graph_accum_ != accum))
     drop_graph(); // another shape: warm up and capture again
