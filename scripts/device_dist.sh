@@ -52,14 +52,7 @@ W=/tmp/dist-work
 rm -rf $W && mkdir -p $W
 
 # Text for the runs: words of the system's list in random sentences.
-$PY - $W/corpus.txt <<'PY'
-import random, sys
-words = [w.strip() for w in open("/usr/share/dict/american-english") if w.strip().isalpha()]
-rng = random.Random(0)
-with open(sys.argv[1], "w") as f:
-    for _ in range(40000):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + ".\n\n")
-PY
+$PY scripts/word_corpus.py $W/corpus.txt 40000
 
 median() { # tokens/s of metrics.jsonl after the 5th step
   $PY - "$1" <<'PY'

@@ -59,14 +59,7 @@ mkdir -p $W
 # The real trainer on words of the system's list in random sentences, once
 # per optimizer in TRAIN_OPTIMS; the median tokens/s of steps 11 on.
 orchard_train_runs() {
-  python3 - $W/corpus.txt <<'PY'
-import random, sys
-words = [w.strip() for w in open("/usr/share/dict/american-english") if w.strip().isalpha()]
-rng = random.Random(0)
-with open(sys.argv[1], "w") as f:
-    for _ in range(60000):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + ".\n\n")
-PY
+  python3 scripts/word_corpus.py $W/corpus.txt 60000
   for o in ${TRAIN_OPTIMS:-muon adamw}; do
   for g in ${TRAIN_GRAPHS:-true}; do
     rm -rf $W/run

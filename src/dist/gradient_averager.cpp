@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace orchard::dist {
@@ -42,6 +44,11 @@ class OverlappedAverager final : public GradientAverager,
  public:
   OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
       : sharded_(sharded) {
+    // For measuring what the collectives cost, never for training: "all"
+    // sends no bucket, "last" all but the last (each rank then steps on
+    // its own gradients there).
+    if (const char* skip = std::getenv("ORCHARD_TEST_SKIP_BUCKETS"))
+      skip_ = skip;
     region_cap_ = kOverlapBucketBytes;
     if (sharded)
       for (const auto& s : params)
@@ -194,6 +201,8 @@ class OverlappedAverager final : public GradientAverager,
     }
     const double n = double(size());
     for (auto& b : buckets_) {
+      if (!b.work) // not sent (ORCHARD_TEST_SKIP_BUCKETS)
+        continue;
       detail::collective("averaging gradients", [&] { b.work->wait(); });
       if (!b.flat.is_cuda()) // Gloo sent the sum
         (sharded_ ? region(b, rank()) : b.flat).div_(n);
@@ -305,6 +314,9 @@ class OverlappedAverager final : public GradientAverager,
         " of " + std::to_string(slots_.size()) +
         " gradients handed over by its hooks, " + std::to_string(in_place_) +
         " of them made in their bucket by their product";
+    if (!skip_.empty())
+      out += "; ORCHARD_TEST_SKIP_BUCKETS=" + skip_ +
+          ": gradients NOT averaged (a measurement, not training)";
     if (unused_ > 0)
       out += "; " + std::to_string(unused_) +
           " parameter(s) no process gave a gradient keep none (the optimizer "
@@ -484,6 +496,11 @@ class OverlappedAverager final : public GradientAverager,
            buckets_[next_].ready == buckets_[next_].slots.size()) {
       sent_in_backward_ += in_backward ? 1 : 0;
       Bucket& b = buckets_[next_];
+      if (skip_ == "all" || (skip_ == "last" && next_ + 1 == buckets_.size())) {
+        b.work.reset(); // measurement only: ranks' gradients not averaged
+        ++next_;
+        continue;
+      }
       detail::collective("averaging gradients", [&] {
         if (b.flat.is_cuda()) {
           // NCCL averages as it sums (ReduceOp::AVG): no division pass
@@ -511,6 +528,7 @@ class OverlappedAverager final : public GradientAverager,
   }
 
   bool sharded_;
+  std::string skip_; // ORCHARD_TEST_SKIP_BUCKETS
   int64_t region_cap_ = 0;     // bytes of a rank's region (sharded)
   std::vector<int64_t> owned_; // values each rank steps, so far
   std::vector<Slot> slots_;

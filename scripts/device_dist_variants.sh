@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 22's two-GPU gap taken apart (`run` kind nvidia-h200-x2): `orchard
+# train` of a GPT (DEPTH, default 12; B x T tokens a GPU a step, default
+# 16 x 1024; AdamW, bfloat16, 30 steps, median tokens/s of steps 6 on)
+#   ALONE=1: one process on GPU 0, one on GPU 1, then one on each at once
+#            (no collectives: what two independent GPUs do), then GPU 0
+#            and GPU 1 with cuda_graphs=false;
+#   SPECS:   two processes (`orchard launch`) under each "label:ENV=V,..."
+#            (label "eager..." adds cuda_graphs=false). ENV may be
+#            ORCHARD_TEST_SKIP_BUCKETS=all|last (a measurement only: the
+#            buckets' gradients are then not averaged) or NCCL_* settings.
+# SKIP_BUILD=1 reuses build-cuda. Logs in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/orchard-out}; mkdir -p "$OUT"
+source scripts/device_debs.sh
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :; else device_build orchard; fi
+export ORCHARD_HOME=/tmp/dist-home W=/tmp/dist-variants; mkdir -p $W
+python3 scripts/word_corpus.py $W/corpus.txt 40000
+med() { python3 -c "
+import json,sys
+rows=[json.loads(l) for l in open(sys.argv[1]) if '\"tokens_per_s\"' in l][5:]
+v=sorted(r['tokens_per_s'] for r in rows); print(sys.argv[2], f'{v[len(v)//2]:.0f}')" $1/metrics.jsonl "$2"; }
+DEPTH=${DEPTH:-12} B=${B:-16} T=${T:-1024}
+BIG="train --device cuda data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=$DEPTH max_seq_len=$T optimizer=adamw
+  device_batch_size=$B num_iterations=30 eval_every=0 sample_every=0 save_every=0 eval_tokens=$((B * T))"
+O=build-cuda/orchard
+i=0
+if [ "${ALONE:-0}" = 1 ]; then
+  one() { # GPU, run name, extra settings
+    CUDA_VISIBLE_DEVICES=$1 $O $BIG total_batch_size=$((B * T)) ${3:-} run_dir=$W/$2 > $OUT/$2.log 2>&1
+    med $W/$2 "d$DEPTH $2"; }
+  one 0 gpu0_alone; one 1 gpu1_alone
+  one 0 gpu0_beside_gpu1 & one 1 gpu1_beside_gpu0; wait
+  one 0 gpu0_eager cuda_graphs=false; one 1 gpu1_eager cuda_graphs=false
+fi
+for spec in ${SPECS:-}; do
+  label=${spec%%:*}; envs=${spec#*:}; i=$((i+1))
+  extra=""; [[ $label == eager* ]] && extra="cuda_graphs=false"
+  env ${envs//,/ } $O launch --nproc-per-node 2 --master-port $((29600 + i)) -- $BIG total_batch_size=$((2 * B * T)) \
+    $extra run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
+  med $W/r$i "d$DEPTH two processes, $label"
+done
