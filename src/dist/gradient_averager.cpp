@@ -9,8 +9,8 @@
 
 #include "dist/world.h"
 
+#include "core/gradient_sink.h"
 #include "dist/c10d_group.h"
-#include "ops/gradient_sink.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -35,12 +35,11 @@ namespace {
 // Muon, an 8-bit embedding).
 constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
 
-// Also the products' gradient sink (ops/gradient_sink.h) while the last
+// Also the products' gradient sink (core/gradient_sink.h) while the last
 // backward of a step runs: a weight whose gradient lands whole in one
 // place of a bucket gets that place to be written by its product, so the
 // hook has nothing to copy (as DDP's gradient_as_bucket_view).
-class OverlappedAverager final : public GradientAverager,
-                                 public ops::GradientSink {
+class OverlappedAverager final : public GradientAverager, public GradientSink {
  public:
   OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
       : sharded_(sharded) {
@@ -74,7 +73,7 @@ class OverlappedAverager final : public GradientAverager,
       }
       Bucket& b = buckets_[o->second];
       slots_.push_back({it->name, p, it->whole, o->second, {}, false, false});
-      slot_of_key_[ops::weight_key(p)] = slots_.size() - 1;
+      slot_of_key_[weight_key(p)] = slots_.size() - 1;
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
     }
@@ -141,7 +140,7 @@ class OverlappedAverager final : public GradientAverager,
     in_place_ = 0;
     for (auto& s : slots_)
       s.ready = s.given = false;
-    ops::set_gradient_sink(this);
+    set_gradient_sink(this);
     for (auto& b : buckets_) {
       b.ready = 0;
       b.work.reset();
@@ -433,7 +432,7 @@ class OverlappedAverager final : public GradientAverager,
     return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
   }
 
-  // The sink (ops/gradient_sink.h), on autograd's thread: the weight's
+  // The sink (core/gradient_sink.h), on autograd's thread: the weight's
   // place in its bucket, once a backward, where the gradient lands whole
   // in one place and nothing is accumulated in .grad from earlier
   // micro-steps to add to it.
@@ -451,8 +450,8 @@ class OverlappedAverager final : public GradientAverager,
   }
 
   void leave_sink() {
-    if (ops::gradient_sink() == this)
-      ops::set_gradient_sink(nullptr);
+    if (gradient_sink() == this)
+      set_gradient_sink(nullptr);
   }
 
   // Autograd's hook (its thread on CUDA): the step's gradient g of

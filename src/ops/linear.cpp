@@ -1,7 +1,7 @@
 #include "ops/linear.h"
 
+#include "core/gradient_sink.h"
 #include "core/torch_compat.h"
-#include "ops/gradient_sink.h"
 #include "ops/kernel_call.h"
 #include "ops/silu_mul.h"
 
@@ -139,7 +139,7 @@ struct AutocastLinear : torch::autograd::Function<AutocastLinear> {
                    ctx->saved_data["x_dtype"].toInt()));
     if (ctx->needs_input_grad(1)) {
       // Into the gradient averager's bucket where it hands one out
-      // (ops/gradient_sink.h), else a tensor of its own.
+      // (core/gradient_sink.h), else a tensor of its own.
       dw = gradient_destination(
           std::intptr_t(ctx->saved_data["weight_key"].toInt()),
           ctx->saved_data["weight_sizes"].toIntVector(),

@@ -1,8 +1,8 @@
 #include "ops/linear_cross_entropy.h"
 
 #include "core/dtype.h"
+#include "core/gradient_sink.h"
 #include "core/torch_compat.h"
-#include "ops/gradient_sink.h"
 #include "ops/kernel_call.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -172,7 +172,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       return d.defined() ? d * grads[0].to(d.scalar_type()) : torch::Tensor();
     };
     // The head's gradient scaled straight into the gradient averager's
-    // bucket where it hands one out (ops/gradient_sink.h).
+    // bucket where it hands one out (core/gradient_sink.h).
     torch::Tensor dw;
     if (saved[1].defined()) {
       dw = gradient_destination(

@@ -33,7 +33,8 @@ void Trainer::take_step(
   if (averager_) {
     if (!stop_flag_.defined())
       stop_flag_ = torch::zeros(
-          {1}, torch::TensorOptions().dtype(torch::kFloat32).device(opt_.device));
+          {1},
+          torch::TensorOptions().dtype(torch::kFloat32).device(opt_.device));
     stop_flag_.fill_(last_stop_signal() != 0 ? 1.0 : 0.0);
   }
   torch::Tensor read = graph_gradients(accum, scale);
@@ -117,8 +118,8 @@ torch::Tensor Trainer::gradients(
     {
       compat::AutocastGuard autocast(
           opt_.device.type(), opt_.precision.compute);
-      micro = (inputs ? task_.loss_of((*inputs)[size_t(m)])
-                      : task_.micro_step()) /
+      micro =
+          (inputs ? task_.loss_of((*inputs)[size_t(m)]) : task_.micro_step()) /
           double(accum);
     }
     TORCH_CHECK_WITH(

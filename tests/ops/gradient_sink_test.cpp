@@ -1,10 +1,10 @@
-// ops/gradient_sink: a product's backward makes its weight's gradient in
-// the memory a sink hands out (the gradient averager's bucket), returns
-// that memory to autograd, and the gradient is the one it makes without a
-// sink; a second use of the weight in the same backward gets nothing
-// (the two never write over each other), and a destination of the wrong
-// shape or dtype is not used.
-#include "ops/gradient_sink.h"
+// core/gradient_sink with ops' products: a product's backward makes its
+// weight's gradient in the memory a sink hands out (the gradient
+// averager's bucket), returns that memory to autograd, and the gradient
+// is the one it makes without a sink; a second use of the weight in the
+// same backward gets nothing (the two never write over each other), and
+// a destination of the wrong shape or dtype is not used.
+#include "core/gradient_sink.h"
 
 #include "core/torch_compat.h"
 #include "ops/linear.h"
@@ -36,8 +36,12 @@ struct FakeSink final : GradientSink {
 
 // Sets the sink for one scope (a failed assertion leaves none behind).
 struct SinkScope {
-  explicit SinkScope(GradientSink* s) { set_gradient_sink(s); }
-  ~SinkScope() { set_gradient_sink(nullptr); }
+  explicit SinkScope(GradientSink* s) {
+    set_gradient_sink(s);
+  }
+  ~SinkScope() {
+    set_gradient_sink(nullptr);
+  }
 };
 
 // The head's gradient from linear_cross_entropy used `uses` times on
@@ -82,15 +86,15 @@ TEST(GradientSink, TheHeadsGradientIsMadeWhereTheSinkSays) {
   // Two uses of one weight in one backward: the second is refused the
   // place and makes its own; autograd's sum is the whole gradient.
   const auto want2 = head_gradient(h, w0, targets, 2, {}).grad;
-  const Made two =
-      head_gradient(h, w0, targets, 2, torch::full({37, 8}, 7.0));
+  const Made two = head_gradient(h, w0, targets, 2, torch::full({37, 8}, 7.0));
   EXPECT_EQ(two.asked, 2);
   EXPECT_LT(max_diff(two.grad, want2), 1e-6);
   EXPECT_GT(max_diff(want2, want), 1e-3); // the second use counts
 
   // A place of another shape or dtype is not used.
   for (const auto& wrong :
-       {torch::full({8, 37}, 7.0), torch::full({37, 8}, 7.0, torch::kFloat64)}) {
+       {torch::full({8, 37}, 7.0),
+        torch::full({37, 8}, 7.0, torch::kFloat64)}) {
     const Made other = head_gradient(h, w0, targets, 1, wrong);
     EXPECT_TRUE(torch::equal(other.grad, want));
     EXPECT_NE(other.grad.data_ptr(), wrong.data_ptr());

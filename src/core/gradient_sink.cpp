@@ -1,8 +1,8 @@
-#include "ops/gradient_sink.h"
+#include "core/gradient_sink.h"
 
 #include <atomic>
 
-namespace orchard::ops {
+namespace orchard {
 namespace {
 
 std::atomic<GradientSink*> g_sink{nullptr};
@@ -25,10 +25,10 @@ torch::Tensor gradient_destination(
   if (!sink)
     return {};
   torch::Tensor dst = sink->destination(key);
-  if (!dst.defined() || dst.sizes() != sizes ||
-      dst.scalar_type() != dtype || !dst.is_contiguous())
+  if (!dst.defined() || dst.sizes() != sizes || dst.scalar_type() != dtype ||
+      !dst.is_contiguous())
     return {};
   return dst;
 }
 
-} // namespace orchard::ops
+} // namespace orchard

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace orchard::ops {
+namespace orchard {
 
 class GradientSink {
  public:
@@ -46,4 +46,4 @@ torch::Tensor gradient_destination(
     torch::IntArrayRef sizes,
     torch::ScalarType dtype);
 
-} // namespace orchard::ops
+} // namespace orchard
