@@ -56,8 +56,12 @@ def streams(path, against, top):
     other = [e for e in kern if stream_of(e) != main_stream]
     gaps = [(b["ts"] - a["ts"] - a["dur"], a, b) for a, b in zip(comp, comp[1:])
             if b["ts"] - a["ts"] - a["dur"] > 0]
-    print(f"stream {main_stream} idle {sum(g for g, _, _ in gaps) / 1e3:.2f} ms; the longest gaps, "
-          "and what ran on the other streams then (start after the gap began / length, ms):")
+    print(f"stream {main_stream} idle {sum(g for g, _, _ in gaps) / 1e3:.2f} ms; by the gaps' length:")
+    for lo, hi in ((0, 2), (2, 5), (5, 10), (10, 100), (100, float("inf"))):
+        part = [g for g, _, _ in gaps if lo <= g < hi]
+        print(f"  {lo}-{hi} us: {len(part)} gaps, {sum(part) / 1e3:.2f} ms")
+    print("the longest gaps, and what ran on the other streams then (start after the gap "
+          "began / length, ms):")
     for g, a, b in sorted(gaps, key=lambda t: -t[0])[:8]:
         t = a["ts"] + a["dur"]
         meanwhile = [f"{o['name'][:28]} {(o['ts'] - t) / 1e3:+.2f}/{o['dur'] / 1e3:.2f}"
