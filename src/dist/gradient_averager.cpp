@@ -9,6 +9,7 @@
 
 #include "dist/world.h"
 
+#include "core/error.h"
 #include "core/gradient_sink.h"
 #include "dist/c10d_group.h"
 
@@ -46,8 +47,14 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     // For measuring what the collectives cost, never for training: "all"
     // sends no bucket, "last" all but the last (each rank then steps on
     // its own gradients there).
-    if (const char* skip = std::getenv("ORCHARD_TEST_SKIP_BUCKETS"))
+    if (const char* skip = std::getenv("ORCHARD_TEST_SKIP_BUCKETS")) {
       skip_ = skip;
+      if (skip_ != "all" && skip_ != "last")
+        throw UserError(
+            "ORCHARD_TEST_SKIP_BUCKETS=" + skip_ +
+            " is not a setting: \"all\" (no bucket all-reduced) or \"last\" "
+            "(all but the last), for measuring only; unset it to train.");
+    }
     region_cap_ = kOverlapBucketBytes;
     if (sharded)
       for (const auto& s : params)

@@ -122,7 +122,6 @@ struct AutocastLinear : torch::autograd::Function<AutocastLinear> {
     ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["weight_key"] = int64_t(weight_key(weight));
-    ctx->saved_data["weight_sizes"] = weight.sizes().vec();
     return at::mm(x2, w.t()).view(sizes);
   }
   static torch::autograd::variable_list backward(
@@ -142,7 +141,7 @@ struct AutocastLinear : torch::autograd::Function<AutocastLinear> {
       // (core/gradient_sink.h), else a tensor of its own.
       dw = gradient_destination(
           std::intptr_t(ctx->saved_data["weight_key"].toInt()),
-          ctx->saved_data["weight_sizes"].toIntVector(),
+          w.sizes(),
           torch::kFloat32);
       if (dw.defined())
         at::mm_out(dw, dy.t(), x2, torch::kFloat32);

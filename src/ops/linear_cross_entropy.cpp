@@ -86,6 +86,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const int64_t rows = h.size(0);
     const bool need_h = grad_mode && h.requires_grad(),
                need_w = grad_mode && w.requires_grad();
+    ctx->saved_data["weight_key"] = int64_t(weight_key(w)); // for the sink
     torch::Tensor dh = need_h ? torch::empty_like(h) : torch::Tensor();
     // In the head's own dtype (float32 master weights): what its .grad
     // holds.
@@ -131,7 +132,6 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       if (need_w && padded != V)
         dw = dw.narrow(0, 0, V);
       ctx->save_for_backward({dh, dw});
-      ctx->saved_data["weight_key"] = int64_t(weight_key(w));
       return total;
     }
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -161,7 +161,6 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
         dw.add_(at::mm(d.t(), hc.to(d.scalar_type())));
     }
     ctx->save_for_backward({dh, dw});
-    ctx->saved_data["weight_key"] = int64_t(weight_key(w));
     return total;
   }
   static torch::autograd::variable_list backward(

@@ -43,6 +43,13 @@ void Trainer::take_step(
     read = gradients(accum, scale, nullptr);
   }
   torch::NoGradGuard no_grad;
+  // The host's copy of `read`: the norm, the loss and the ranks' stop.
+  auto take_read = [&](const torch::Tensor& host) {
+    grad_norm = host[0].item<double>();
+    loss = host[1].item<double>();
+    if (host.size(0) > 2)
+      stop_agreed_ = host[2].item<double>() > 0;
+  };
   const double lr_mult = lr_multiplier(
       step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio);
   if (!shard_optimizers_ && ema_.empty() && !scaler_.enabled() &&
@@ -64,10 +71,7 @@ void Trainer::take_step(
     const torch::Tensor host = read_then_launch(read, [&] {
       stepper().step_on_device(lr_mult, grad_scale, found_inf);
     });
-    grad_norm = host[0].item<double>();
-    loss = host[1].item<double>();
-    if (host.size(0) > 2)
-      stop_agreed_ = host[2].item<double>() > 0;
+    take_read(host);
     applied = scaler_.update(std::isfinite(grad_norm));
     if (!applied)
       stepper().uncount_step(); // the kernel skipped it
@@ -75,11 +79,7 @@ void Trainer::take_step(
   }
   // The gradient norm (after unscaling), the loss and the ranks' stop in
   // one host sync; clipping and the finite check follow from them.
-  const torch::Tensor host = read.to(torch::kCPU, torch::kFloat64);
-  grad_norm = host[0].item<double>();
-  loss = host[1].item<double>();
-  if (host.size(0) > 2)
-    stop_agreed_ = host[2].item<double>() > 0;
+  take_read(read.to(torch::kCPU, torch::kFloat64));
   const bool finite = std::isfinite(grad_norm);
   applied = scaler_.update(finite);
   if (!applied)

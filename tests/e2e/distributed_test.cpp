@@ -818,6 +818,17 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_NE(r.err.find("× world size"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("[rank 0]"), std::string::npos) << r.err;
 
+  // The measurement switch set to what it does not know: refused, not
+  // read as "average everything" while saying otherwise.
+  auto skip_env = c.env;
+  skip_env["ORCHARD_TEST_SKIP_BUCKETS"] = "some";
+  r = test::run_orchard(c.launch(free_port(), c.train("x", 1)), skip_env);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(
+      r.err.find("ORCHARD_TEST_SKIP_BUCKETS=some is not a setting"),
+      std::string::npos)
+      << r.err;
+
   // A port already taken by another program.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
