@@ -9,6 +9,10 @@
 // averager's hook sees its own memory come back and copies nothing. Where
 // no sink is set, or it hands out nothing, the product makes its gradient
 // as before.
+//
+// An embedding's gradient can also be made from every process's rows of
+// its output's gradient, gathered (gathered_gradient): a few rows a
+// process are fewer bytes than the weight's whole gradient.
 #pragma once
 
 #include <torch/torch.h>
@@ -25,6 +29,38 @@ class GradientSink {
   // it as usual. Handed out at most once a backward for a weight, so two
   // uses of one weight never write over each other.
   virtual torch::Tensor destination(std::intptr_t key) = 0;
+
+  // What an embedding's backward hands gathered_gradient to make the
+  // weight's gradient with (ops/embedding.h's EmbeddingRowsSum). From
+  // every process's ids, prepare() readies what the sum needs (on CUDA
+  // the sorted ids and the zeroed gradient) while the rows are still on
+  // their way; sum() then adds up every process's rows, times `scale`.
+  // The same inputs must give the same bits on every process.
+  class RowsSum {
+   public:
+    virtual ~RowsSum() = default;
+    // `like`: this process's rows (their width, dtype and device).
+    virtual void prepare(
+        const torch::Tensor& ids,
+        int64_t num_rows,
+        const torch::Tensor& like) = 0;
+    virtual torch::Tensor sum(const torch::Tensor& rows, double scale) = 0;
+  };
+
+  // The gradient of an embedding weight `key` of num_rows rows from its
+  // output's gradient `rows` (n, D) at `ids` (n), already the mean over
+  // the processes: every process's rows and ids gathered and summed by
+  // `sum`. Or an undefined tensor: make it from this process's rows as
+  // usual. Once a backward for a weight, as destination().
+  virtual torch::Tensor gathered_gradient(
+      std::intptr_t key,
+      const torch::Tensor& rows,
+      const torch::Tensor& ids,
+      int64_t num_rows,
+      RowsSum& sum) {
+    (void)key, (void)rows, (void)ids, (void)num_rows, (void)sum;
+    return {};
+  }
 };
 
 // The weight's identity for destination(): its TensorImpl, which a

@@ -376,4 +376,28 @@ int softcap_cross_entropy(
     bool write_grad,
     void* stream);
 
+// The gradient of an embedding of num_rows rows of D values from the
+// gradient of its output: out[v] = T(scale * sum of rows[order[j]] over the
+// j where sorted_ids[j] == v), summed in float32 in an order fixed by j
+// (groups of four, then chunks of kRowsChunk), so that the
+// same inputs give the same bits on every GPU and every run (no atomic
+// adds; embedding_rows.cu). sorted_ids (n int64, ascending) and order (n
+// int64: rows[order[j]] has id sorted_ids[j]) on the device, rows (n, D)
+// and out (num_rows, D) contiguous of type T; out must be zeros where no
+// id falls. Ids outside [0, num_rows) are left out. partials: 2 * D
+// float32 scratch values for each group of kRowsChunk sorted ids.
+constexpr int64_t kRowsChunk = 64;
+int embedding_rows_backward(
+    Dtype dtype,
+    const void* rows,
+    const int64_t* sorted_ids,
+    const int64_t* order,
+    float* partials,
+    void* out,
+    int64_t n,
+    int64_t D,
+    int64_t num_rows,
+    float scale,
+    void* stream);
+
 } // namespace orchard::ops::cuda
