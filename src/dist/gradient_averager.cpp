@@ -42,8 +42,11 @@ constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
 // hook has nothing to copy (as DDP's gradient_as_bucket_view).
 class OverlappedAverager final : public GradientAverager, public GradientSink {
  public:
-  OverlappedAverager(const std::vector<Shardable>& params, bool sharded)
-      : sharded_(sharded) {
+  OverlappedAverager(
+      const std::vector<Shardable>& params,
+      bool sharded,
+      bool same_rows)
+      : sharded_(sharded), same_rows_(same_rows) {
     // For measuring what the collectives cost, never for training: "all"
     // sends no bucket, "last" all but the last (each rank then steps on
     // its own gradients there).
@@ -79,7 +82,8 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         o = open.insert_or_assign(kind, buckets_.size() - 1).first;
       }
       Bucket& b = buckets_[o->second];
-      slots_.push_back({it->name, p, it->whole, o->second, {}, false, false});
+      slots_.push_back(
+          {it->name, p, it->whole, o->second, {}, false, false, false});
       slot_of_key_[weight_key(p)] = slots_.size() - 1;
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
@@ -145,8 +149,10 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     sent_in_backward_ = 0;
     hooked_ = 0;
     in_place_ = 0;
+    gathered_ = 0;
+    gathered_bytes_ = 0;
     for (auto& s : slots_)
-      s.ready = s.given = false;
+      s.ready = s.given = s.gathered = false;
     set_gradient_sink(this);
     for (auto& b : buckets_) {
       b.ready = 0;
@@ -234,17 +240,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     // .grad, so nothing was copied on the way.
     for (const Slot& s : slots_)
       if (s.given && s.param.grad().defined() &&
-          s.param.grad().data_ptr() ==
-              in_bucket(s, s.segments[0]).data_ptr())
+          s.param.grad().data_ptr() == in_bucket(s, s.segments[0]).data_ptr())
         ++in_place_;
     if (!sharded_) {
       // .grad becomes a view of the mean (no copy back); the gradient
       // autograd accumulated on its own is dropped.
+      // A gathered gradient is the mean already, and autograd's .grad.
       for (size_t i = 0; i < slots_.size(); ++i) {
         Slot& s = slots_[i];
-        s.param.mutable_grad() = unused[i]
-            ? torch::Tensor()
-            : in_bucket(s, s.segments[0]).view(s.param.sizes());
+        if (!s.gathered)
+          s.param.mutable_grad() = unused[i]
+              ? torch::Tensor()
+              : in_bucket(s, s.segments[0]).view(s.param.sizes());
       }
       return;
     }
@@ -320,6 +327,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         " of " + std::to_string(slots_.size()) +
         " gradients handed over by its hooks, " + std::to_string(in_place_) +
         " of them made in their bucket by their product";
+    if (gathered_ > 0)
+      out += "; " + std::to_string(gathered_) +
+          " made from every process's rows of its output's gradient, "
+          "gathered (" +
+          format_megabytes(gathered_bytes_) + " a process, in place of " +
+          format_megabytes(gathered_weight_bytes_) + " of all-reduce)";
     if (!skip_.empty())
       out += "; ORCHARD_TEST_SKIP_BUCKETS=" + skip_ +
           ": gradients NOT averaged (a measurement, not training)";
@@ -354,6 +367,9 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     std::vector<Segment> segments;
     bool ready;
     bool given; // its place in the bucket handed to its product
+    // Made from every rank's gathered rows (gathered_gradient): the mean
+    // already, not copied into its bucket.
+    bool gathered;
   };
   struct Bucket {
     torch::TensorOptions options;
@@ -364,6 +380,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     torch::Tensor flat;
     c10::intrusive_ptr<c10d::Work> work;
   };
+
+  static std::string format_megabytes(int64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MB", double(bytes) / double(1 << 20));
+    return buf;
+  }
 
   static std::string format_share(double x) {
     char buf[32];
@@ -456,6 +478,78 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return in_bucket(s, s.segments[0]).view(s.param.sizes());
   }
 
+  // The sink's gathered embedding gradient (core/gradient_sink.h), on
+  // autograd's thread: where every rank's rows (n each, the same n on
+  // every rank: same_rows_) are fewer values than a ring all-reduce sends
+  // of the weight's gradient (n x world < 2 x num_rows), and nothing from
+  // earlier micro-steps is to be added. Every rank decides alike from the
+  // shapes, so all issue the same collectives.
+  torch::Tensor gathered_gradient(
+      std::intptr_t key,
+      const torch::Tensor& rows,
+      const torch::Tensor& ids,
+      int64_t num_rows,
+      RowsSum& sum) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto found = slot_of_key_.find(key);
+      if (!armed_ || !same_rows_ || sharded_ || found == slot_of_key_.end())
+        return {};
+      Slot& s = slots_[found->second];
+      const int64_t n = rows.size(0);
+      if (s.ready || s.given || s.param.grad().defined() ||
+          n * size() >= 2 * num_rows || rows.dim() != 2 ||
+          s.param.numel() != num_rows * rows.size(1) ||
+          rows.scalar_type() != s.param.scalar_type())
+        return {};
+      s.given = s.gathered = true;
+      ++gathered_;
+      gathered_bytes_ += n * rows.size(1) * int64_t(rows.element_size());
+      gathered_weight_bytes_ =
+          s.param.numel() * int64_t(s.param.element_size());
+    }
+    torch::NoGradGuard no_grad;
+    // The ids first: the sum's preparation (on CUDA sorting them and
+    // zeroing the gradient) runs while the rows are still on their way.
+    Gathering all_ids = start_gather(ids.reshape({-1}).contiguous());
+    Gathering all_rows = start_gather(rows.contiguous());
+    sum.prepare(all_ids.wait(), num_rows, rows);
+    return sum.sum(all_rows.wait(), 1.0 / double(size()));
+  }
+
+  // Every rank's `t` stacked along dimension 0 in rank order, once wait()
+  // returns (NCCL: the current stream waits for it).
+  struct Gathering {
+    torch::Tensor all;
+    c10::intrusive_ptr<c10d::Work> work;
+    torch::Tensor wait() {
+      if (work)
+        detail::collective(
+            "gathering an embedding's rows", [&] { work->wait(); });
+      return all;
+    }
+  };
+  Gathering start_gather(torch::Tensor t) {
+    auto shape = t.sizes().vec();
+    const int64_t n = shape[0];
+    shape[0] = n * size();
+    Gathering g;
+    detail::collective("gathering an embedding's rows", [&] {
+      if (t.is_cuda()) {
+        g.all = torch::empty(shape, t.options());
+        g.work = detail::group()._allgather_base(g.all, t);
+        return;
+      }
+      // Gloo (1.13's has no all-gather into one tensor): a sum of zeros
+      // but for each rank's own block, exact; done now.
+      g.all = torch::zeros(shape, t.options());
+      g.all.narrow(0, n * rank(), n).copy_(t);
+      std::vector<torch::Tensor> v = {g.all};
+      detail::group().allreduce(v)->wait();
+    });
+    return g;
+  }
+
   void leave_sink() {
     if (gradient_sink() == this)
       set_gradient_sink(nullptr);
@@ -471,6 +565,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     if (!armed_ || s.ready)
       return;
     torch::NoGradGuard no_grad;
+    if (s.gathered) { // the mean already: autograd keeps it as .grad
+      ++hooked_;
+      ready(i);
+      launch_ready(/*in_backward=*/true);
+      return;
+    }
     const torch::Tensor& acc = s.param.grad();
     const torch::Tensor flat_g = g.reshape({-1});
     for (const Segment& seg : s.segments) {
@@ -500,13 +600,21 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   void launch_ready(bool in_backward) {
     while (next_ < buckets_.size() &&
            buckets_[next_].ready == buckets_[next_].slots.size()) {
-      sent_in_backward_ += in_backward ? 1 : 0;
       Bucket& b = buckets_[next_];
+      bool all_gathered = true;
+      for (size_t i : b.slots)
+        all_gathered = all_gathered && slots_[i].gathered;
+      if (all_gathered) { // nothing left to average in it
+        b.work.reset();
+        ++next_;
+        continue;
+      }
       if (skip_ == "all" || (skip_ == "last" && next_ + 1 == buckets_.size())) {
         b.work.reset(); // measurement only: ranks' gradients not averaged
         ++next_;
         continue;
       }
+      sent_in_backward_ += in_backward ? 1 : 0;
       detail::collective("averaging gradients", [&] {
         if (b.flat.is_cuda()) {
           // NCCL averages as it sums (ReduceOp::AVG): no division pass
@@ -534,7 +642,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   }
 
   bool sharded_;
-  std::string skip_; // ORCHARD_TEST_SKIP_BUCKETS
+  // Every rank's micro-steps have the same shapes (a GPT's B x T windows),
+  // so an embedding's rows can be gathered.
+  bool same_rows_;
+  size_t gathered_ = 0;
+  int64_t gathered_bytes_ = 0, gathered_weight_bytes_ = 0;
+  std::string skip_;           // ORCHARD_TEST_SKIP_BUCKETS
   int64_t region_cap_ = 0;     // bytes of a rank's region (sharded)
   std::vector<int64_t> owned_; // values each rank steps, so far
   std::vector<Slot> slots_;
@@ -559,16 +672,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
 #endif
 
 std::unique_ptr<GradientAverager> GradientAverager::make(
-    const std::vector<torch::Tensor>& params) {
+    const std::vector<torch::Tensor>& params,
+    bool same_rows_on_every_rank) {
 #if defined(ORCHARD_HAVE_C10D)
   if (active()) {
     std::vector<Shardable> all;
     for (const auto& p : params)
       all.push_back({"", p, false});
-    return std::make_unique<OverlappedAverager>(all, /*sharded=*/false);
+    return std::make_unique<OverlappedAverager>(
+        all, /*sharded=*/false, same_rows_on_every_rank);
   }
 #endif
-  (void)params;
+  (void)params, (void)same_rows_on_every_rank;
   return nullptr;
 }
 
@@ -576,7 +691,8 @@ std::unique_ptr<GradientAverager> GradientAverager::make_sharded(
     const std::vector<Shardable>& params) {
 #if defined(ORCHARD_HAVE_C10D)
   if (active())
-    return std::make_unique<OverlappedAverager>(params, /*sharded=*/true);
+    return std::make_unique<OverlappedAverager>(
+        params, /*sharded=*/true, /*same_rows=*/false);
 #endif
   (void)params;
   return nullptr;

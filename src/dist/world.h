@@ -88,8 +88,13 @@ struct ShardPiece {
 
 class GradientAverager {
  public:
+  // same_rows_on_every_rank: every rank's micro-steps have the same
+  // shapes (a GPT's B x T windows), so that an embedding's gradient can
+  // be made from every rank's rows of its output's gradient, gathered,
+  // where they are fewer values than the weight (core/gradient_sink.h).
   static std::unique_ptr<GradientAverager> make(
-      const std::vector<torch::Tensor>& params);
+      const std::vector<torch::Tensor>& params,
+      bool same_rows_on_every_rank = false);
   // ZeRO-1 (above); null in a single process.
   static std::unique_ptr<GradientAverager> make_sharded(
       const std::vector<Shardable>& params);

@@ -4,9 +4,10 @@
 #include "core/torch_compat.h"
 #include "models/checkpointing.h"
 #include "ops/attention.h"
-#include "ops/linear_cross_entropy.h"
+#include "ops/embedding.h"
 #include "ops/fused_train.h"
 #include "ops/linear.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/rms_norm.h"
 
 #include <cmath>
@@ -390,7 +391,9 @@ torch::Tensor GptImpl::hidden(const torch::Tensor& idx, KvCache* cache) {
     cache->k.resize(config.n_layer);
     cache->v.resize(config.n_layer);
   }
-  auto x = rms_norm(wte(idx)); // (B, T, C)
+  // Several processes may make wte's gradient from every process's rows
+  // (ops/embedding.h); else it is torch::nn::Embedding's.
+  auto x = rms_norm(ops::embedding(wte->weight, idx)); // (B, T, C)
   const bool recompute = config.gradient_checkpointing && is_training() &&
       !cache && torch::GradMode::is_enabled();
   if (recompute) {

@@ -589,6 +589,9 @@ TrainResult run_training(
     task.loss_of = [model](const std::vector<torch::Tensor>& in) mutable {
       return model->loss(in.at(0), in.at(1));
     };
+    // B x T windows, B the same on every rank (device_batch_size=auto
+    // takes the smallest any rank planned).
+    task.same_shapes_on_every_rank = true;
     task.micro_step = [next = task.next_inputs, loss = task.loss_of] {
       return loss(next());
     };

@@ -159,7 +159,8 @@ void Trainer::make_averager() {
     return;
   const auto trained = trained_tensors(*task_.model);
   if (opt_.zero_stage < 1) {
-    averager_ = dist::GradientAverager::make(trained);
+    averager_ =
+        dist::GradientAverager::make(trained, task_.same_shapes_on_every_rank);
     return;
   }
   averager_ =

@@ -267,6 +267,13 @@ TEST(Distributed, TwoNodesOnOneHostTrainWhatOneProcessTrains) {
       first.out.find("1 of them made in their bucket by their product"),
       std::string::npos)
       << first.out;
+  // 128 tokens a rank, two ranks, fewer than the vocabulary's rows: the
+  // embedding's gradient is made from both ranks' rows, gathered.
+  EXPECT_NE(
+      first.out.find("1 made from every process's rows of its output's "
+                     "gradient, gathered"),
+      std::string::npos)
+      << first.out;
   EXPECT_LT(max_difference(c.weights("one", 4), c.weights("nodes", 4)), 2e-4);
 }
 
