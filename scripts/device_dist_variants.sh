@@ -8,12 +8,21 @@
 #   SPECS:   two processes (`orchard launch`) under each "label:ENV=V,..."
 #            (label "eager..." adds cuda_graphs=false). ENV may be
 #            ORCHARD_TEST_SKIP_BUCKETS=all|last (a measurement only: the
-#            buckets' gradients are then not averaged) or NCCL_* settings.
+#            buckets' gradients are then not averaged) or NCCL_* settings;
+#            a label starting "one" runs one process on GPU 0 instead
+#            (the reference the two are measured against).
+# UNIT=1 also builds the unit tests and runs TESTS (a gtest filter) first.
 # SKIP_BUILD=1 reuses build-cuda. Logs in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/orchard-out}; mkdir -p "$OUT"
 source scripts/device_debs.sh
-if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :; else device_build orchard; fi
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :; else
+  device_build orchard $([ "${UNIT:-0}" = 1 ] && echo orchard_unit_tests); fi
+if [ "${UNIT:-0}" = 1 ]; then
+  ./build-cuda/orchard_unit_tests --gtest_filter="${TESTS:-GradientSink.*:LinearCrossEntropy.*:FusedTrain.*:Trainer.*}" \
+    > $OUT/unit.log 2>&1 && echo "unit tests passed: $(grep -c '^\[       OK' $OUT/unit.log)" \
+    || { echo "unit tests FAILED"; grep -E '^\[  FAILED|Failure' -A3 $OUT/unit.log | head -40; }
+fi
 export ORCHARD_HOME=/tmp/dist-home W=/tmp/dist-variants; mkdir -p $W
 python3 scripts/word_corpus.py $W/corpus.txt 40000
 med() { python3 -c "
@@ -27,6 +36,7 @@ O=build-cuda/orchard
 i=0
 if [ "${ALONE:-0}" = 1 ]; then
   one() { # GPU, run name, extra settings
+    rm -rf $W/$2 # a warm machine's earlier run would be resumed, not run
     CUDA_VISIBLE_DEVICES=$1 $O $BIG total_batch_size=$((B * T)) ${3:-} run_dir=$W/$2 > $OUT/$2.log 2>&1
     med $W/$2 "d$DEPTH $2"; }
   one 0 gpu0_alone; one 1 gpu1_alone
@@ -36,6 +46,11 @@ fi
 for spec in ${SPECS:-}; do
   label=${spec%%:*}; envs=${spec#*:}; i=$((i+1))
   extra=""; [[ $label == eager* ]] && extra="cuda_graphs=false"
+  rm -rf $W/r$i # a warm machine's earlier run would be resumed, not run
+  if [[ $label == one* ]]; then
+    env ${envs//,/ } CUDA_VISIBLE_DEVICES=0 $O $BIG total_batch_size=$((B * T)) run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
+    med $W/r$i "d$DEPTH one process, $label"; continue
+  fi
   env ${envs//,/ } $O launch --nproc-per-node 2 --master-port $((29600 + i)) -- $BIG total_batch_size=$((2 * B * T)) \
     $extra run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
   med $W/r$i "d$DEPTH two processes, $label"
