@@ -39,6 +39,10 @@ class GradientSink {
   class RowsSum {
    public:
     virtual ~RowsSum() = default;
+    // Whether the sum of rows like `like` makes the same bits for the
+    // same inputs here (else the sink must not gather: the processes'
+    // weights would drift apart).
+    virtual bool same_bits(const torch::Tensor& like) const = 0;
     // `like`: this process's rows (their width, dtype and device).
     virtual void prepare(
         const torch::Tensor& ids,

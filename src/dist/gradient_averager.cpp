@@ -481,9 +481,10 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   // The sink's gathered embedding gradient (core/gradient_sink.h), on
   // autograd's thread: where every rank's rows (n each, the same n on
   // every rank: same_rows_) are fewer values than a ring all-reduce sends
-  // of the weight's gradient (n x world < 2 x num_rows), and nothing from
-  // earlier micro-steps is to be added. Every rank decides alike from the
-  // shapes, so all issue the same collectives.
+  // of the weight's gradient (n x world < 2 x num_rows), nothing from
+  // earlier micro-steps is to be added, and `sum` makes the same bits on
+  // every rank. Every rank decides alike from the shapes and the build,
+  // so all issue the same collectives.
   torch::Tensor gathered_gradient(
       std::intptr_t key,
       const torch::Tensor& rows,
@@ -500,7 +501,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       if (s.ready || s.given || s.param.grad().defined() ||
           n * size() >= 2 * num_rows || rows.dim() != 2 ||
           s.param.numel() != num_rows * rows.size(1) ||
-          rows.scalar_type() != s.param.scalar_type())
+          rows.scalar_type() != s.param.scalar_type() || !sum.same_bits(rows))
         return {};
       s.given = s.gathered = true;
       ++gathered_;
@@ -530,22 +531,16 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     }
   };
   Gathering start_gather(torch::Tensor t) {
-    auto shape = t.sizes().vec();
-    const int64_t n = shape[0];
-    shape[0] = n * size();
     Gathering g;
+    if (!t.is_cuda()) { // Gloo: world.h's gather_rows, done now
+      g.all = gather_rows(t);
+      return g;
+    }
+    auto shape = t.sizes().vec();
+    shape[0] *= size();
+    g.all = torch::empty(shape, t.options());
     detail::collective("gathering an embedding's rows", [&] {
-      if (t.is_cuda()) {
-        g.all = torch::empty(shape, t.options());
-        g.work = detail::group()._allgather_base(g.all, t);
-        return;
-      }
-      // Gloo (1.13's has no all-gather into one tensor): a sum of zeros
-      // but for each rank's own block, exact; done now.
-      g.all = torch::zeros(shape, t.options());
-      g.all.narrow(0, n * rank(), n).copy_(t);
-      std::vector<torch::Tensor> v = {g.all};
-      detail::group().allreduce(v)->wait();
+      g.work = detail::group()._allgather_base(g.all, t);
     });
     return g;
   }

@@ -12,6 +12,15 @@
 namespace orchard::ops {
 namespace {
 
+// PyTorch's backward of weight[ids] (torch::nn::Embedding's).
+torch::Tensor dense_backward(
+    const torch::Tensor& rows,
+    const torch::Tensor& ids,
+    int64_t num_rows) {
+  return at::embedding_dense_backward(
+      rows, ids, num_rows, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+}
+
 struct Embedding : torch::autograd::Function<Embedding> {
   static torch::Tensor forward(
       torch::autograd::AutogradContext* ctx,
@@ -40,12 +49,7 @@ struct Embedding : torch::autograd::Function<Embedding> {
           sum);
     }
     if (!dw.defined())
-      dw = at::embedding_dense_backward(
-          rows,
-          ids,
-          num_rows,
-          /*padding_idx=*/-1,
-          /*scale_grad_by_freq=*/false);
+      dw = dense_backward(rows, ids, num_rows);
     return {dw, torch::Tensor()};
   }
 };
@@ -56,6 +60,16 @@ torch::Tensor embedding(const torch::Tensor& weight, const torch::Tensor& ids) {
   if (!weight.requires_grad() || !torch::GradMode::is_enabled())
     return at::embedding(weight, ids);
   return Embedding::apply(weight, ids);
+}
+
+bool EmbeddingRowsSum::same_bits(const torch::Tensor& like) const {
+  if (like.device().is_cpu())
+    return true;
+#ifdef ORCHARD_CUDA_KERNELS
+  return kernel::usable({like});
+#else
+  return false;
+#endif
 }
 
 void EmbeddingRowsSum::prepare(
@@ -114,8 +128,7 @@ torch::Tensor EmbeddingRowsSum::sum(const torch::Tensor& rows, double scale) {
     return out_;
   }
 #endif
-  auto out = at::embedding_dense_backward(
-      rows, ids_, num_rows_, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+  auto out = dense_backward(rows, ids_, num_rows_);
   return scale == 1.0 ? out : out.mul_(scale);
 }
 

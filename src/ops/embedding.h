@@ -24,6 +24,9 @@ torch::Tensor embedding(const torch::Tensor& weight, const torch::Tensor& ids);
 
 class EmbeddingRowsSum final : public GradientSink::RowsSum {
  public:
+  // On the CPU, and on CUDA with the kernels (PyTorch's CUDA backward may
+  // add with atomics).
+  bool same_bits(const torch::Tensor& like) const override;
   void prepare(
       const torch::Tensor& ids,
       int64_t num_rows,

@@ -71,11 +71,11 @@ struct TrainingTask {
   // and backward captured as one CUDA graph (train/step_graph.h);
   // micro_step must equal loss_of(next_inputs()).
   std::function<std::vector<torch::Tensor>()> next_inputs;
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> loss_of;
   // Every micro-step of every rank has the same shapes (a GPT's B x T
   // windows): several processes may then gather an embedding's rows
   // rather than all-reduce its gradient (dist/world.h).
   bool same_shapes_on_every_rank = false;
-  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> loss_of;
   // An evaluation of the weights in place (the EMA weights when EMA is on),
   // under autocast and without gradients.
   std::function<EvalResult()> evaluate;

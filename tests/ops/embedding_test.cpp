@@ -61,7 +61,7 @@ struct GatheringSink final : GradientSink {
       const torch::Tensor& ids,
       int64_t num_rows,
       RowsSum& sum) override {
-    if (k != key)
+    if (k != key || !sum.same_bits(rows))
       return {};
     rows_seen = rows.size(0);
     // "Two processes" with the same rows: twice the rows, the mean.
@@ -85,6 +85,14 @@ TEST(Embedding, TheSinksGatheredGradientIsTheWeights) {
       test::max_diff(
           w.grad(), sum_of_rows(dy.reshape({-1, 6}), ids.reshape({-1}), 40)),
       1e-5);
+}
+
+// What the gradient averager asks before it gathers: the CPU's sum, and
+// CUDA's with the kernels, give the same bits every time.
+TEST(Embedding, RowsSumSaysWhereItMakesTheSameBits) {
+  EXPECT_TRUE(EmbeddingRowsSum().same_bits(torch::zeros({2, 3})));
+  if (const auto cuda = test::kernel_device())
+    EXPECT_TRUE(EmbeddingRowsSum().same_bits(torch::zeros({2, 3}, *cuda)));
 }
 
 TEST(Embedding, RowsGradientIsEachIdsSumOfRows) {
