@@ -19,6 +19,10 @@
 #   2b. The two-process run again with zero_stage=1: tokens/s and each
 #      rank's peak memory beside the unsharded run's. OPTIM=muon trains
 #      parts 2 and 2b with Muon (the default of base) instead of AdamW.
+# GRAD_REDUCE=bfloat16: the two-process runs of part 2 with
+# grad_reduce_dtype=bfloat16, DDP with its bf16_compress_hook; part "same"
+# then also checks a two-process run averaging in bfloat16 against one
+# process (the mean weight difference, as tests/e2e/distributed_test.cpp).
 # SMALL_EXTRA adds settings to part 1's runs (weight_decay=0.1 with
 # ORCHARD_TEST_UNUSED_PARAMETER=1: a parameter no rank gives a gradient
 # must keep its value on two processes as on one).
@@ -105,6 +109,30 @@ if want same; then
   $O launch --nproc-per-node 2 --master-port 29561 -- $SMALL run_dir=$W/two \
     > $OUT/same_two.log 2>&1 || { status=1; tail -20 $OUT/same_two.log; }
   same_weights "same weights, 1 vs 2 processes" one two
+  if [ "${GRAD_REDUCE:-float32}" = bfloat16 ]; then
+    $O launch --nproc-per-node 2 --master-port 29567 -- $SMALL grad_reduce_dtype=bfloat16 run_dir=$W/two16 \
+      > $OUT/same_two16.log 2>&1 || { status=1; tail -20 $OUT/same_two16.log; }
+    grep -h "Gradient averaging" $OUT/same_two16.log | head -1
+    $PY - $W/one $W/two $W/two16 <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
+import json, struct, sys
+def load(p):
+    b = open(p + "/checkpoints/step_000010/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = []
+    for k, v in sorted(h.items()):
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]
+        out += struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+one, two, low = (load(p) for p in sys.argv[1:4])
+mean = lambda a, b: sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+m32, m16 = mean(one, two), mean(one, low)
+ok = m16 < 3e-4 and m16 > 100 * m32
+print(json.dumps({"check": "grad_reduce_dtype=bfloat16, 1 vs 2 processes", "mean_abs_diff_float32": m32,
+                  "mean_abs_diff_bfloat16": m16, "ok": ok}))
+sys.exit(0 if ok else 1)
+PY
+    [ ${PIPESTATUS[0]} = 0 ] || status=1
+  fi
 fi
 
 # 1c. ZeRO-1: Muon (the default) and AdamW, one process against two.
@@ -223,7 +251,8 @@ if want zbench; then
 fi
 want bench || exit $status
 $O $BIG total_batch_size=$((B * T)) run_dir=$W/b1 > $OUT/bench_one.log 2>&1 || { status=1; tail -20 $OUT/bench_one.log; }
-$O launch --nproc-per-node 2 --master-port 29562 -- $BIG total_batch_size=$((2 * B * T)) run_dir=$W/b2 \
+$O launch --nproc-per-node 2 --master-port 29562 -- $BIG total_batch_size=$((2 * B * T)) \
+  grad_reduce_dtype=${GRAD_REDUCE:-float32} run_dir=$W/b2 \
   > $OUT/bench_two.log 2>&1 || { status=1; tail -20 $OUT/bench_two.log; }
 one=$(median $W/b1/metrics.jsonl); two=$(median $W/b2/metrics.jsonl)
 echo "{\"orchard\": \"d$DEPTH ${B}x$T\", \"one\": $one, \"two\": $two}" | tee -a "$RESULT/dist_bench.jsonl"
@@ -253,6 +282,7 @@ $PY bench/peers/gpt_train_step.py $DEV $DEPTH $WIDTH $HEADS 50257 $B $T $STEPS $
 # also needs --redirects 2 --tee 2 (docs/distributed.md).
 TORCHRUN="torchrun --nproc_per_node 2"
 $PY -c 'import torch; exit(0 if torch.__version__ >= "2" else 1)' || TORCHRUN="$TORCHRUN --redirects 2 --tee 2"
+[ "${GRAD_REDUCE:-float32}" = bfloat16 ] && export DDP_HOOK=bf16
 $TORCHRUN --master_port 29563 bench/peers/gpt_train_step.py $DEV $DEPTH $WIDTH $HEADS 50257 $B $T $STEPS $MODE $PREC 2>&1 \
   | grep "^pytorch" | tee -a "$RESULT/dist_bench.jsonl" || status=1
 exit $status

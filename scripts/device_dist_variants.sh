@@ -9,6 +9,8 @@
 #            (label "eager..." adds cuda_graphs=false). ENV may be
 #            ORCHARD_TEST_SKIP_BUCKETS=all|last (a measurement only: the
 #            buckets' gradients are then not averaged) or NCCL_* settings;
+#            SET=key=value adds a setting to the command instead
+#            (SET=grad_reduce_dtype=bfloat16);
 #            a label starting "one" runs one process on GPU 0 instead
 #            (the reference the two are measured against).
 # UNIT=1 also builds the unit tests and runs TESTS (a gtest filter) first.
@@ -46,12 +48,14 @@ fi
 for spec in ${SPECS:-}; do
   label=${spec%%:*}; envs=${spec#*:}; i=$((i+1))
   extra=""; [[ $label == eager* ]] && extra="cuda_graphs=false"
+  for kv in ${envs//,/ }; do [[ $kv == SET=* ]] && extra="$extra ${kv#SET=}"; done
+  envs=$(echo "${envs//,/ }" | tr ' ' '\n' | grep -v '^SET=' | tr '\n' ' '); envs=${envs:-X=1}
   rm -rf $W/r$i # a warm machine's earlier run would be resumed, not run
   if [[ $label == one* ]]; then
-    env ${envs//,/ } CUDA_VISIBLE_DEVICES=0 $O $BIG total_batch_size=$((B * T)) run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
+    env $envs CUDA_VISIBLE_DEVICES=0 $O $BIG total_batch_size=$((B * T)) run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
     med $W/r$i "d$DEPTH one process, $label"; continue
   fi
-  env ${envs//,/ } $O launch --nproc-per-node 2 --master-port $((29600 + i)) -- $BIG total_batch_size=$((2 * B * T)) \
+  env $envs $O launch --nproc-per-node 2 --master-port $((29600 + i)) -- $BIG total_batch_size=$((2 * B * T)) \
     $extra run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
   med $W/r$i "d$DEPTH two processes, $label"
 done

@@ -18,6 +18,10 @@ backward); tokens/s counts every rank's tokens (rank 0 prints):
 
   torchrun --nproc-per-node 2 gpt_train_step.py cuda 12 768 6 50304 16 1024 30 compile bf16
 
+DDP_HOOK=bf16: DDP sends the gradients in bfloat16 (its
+bf16_compress_hook: each bucket cast down, all-reduced, cast back), what
+`orchard train grad_reduce_dtype=bfloat16` does.
+
 PEER_TRACE=FILE: after timing, one more step under torch.profiler written
 to FILE as a Chrome trace (bench/trace_summary.py sums its kernels).
 """
@@ -149,6 +153,9 @@ def main():
         opts = [torch.optim.AdamW(model.parameters(), lr=1e-3, **fused)]
     if world > 1:
         model = DDP(model, device_ids=[torch.device(dev).index] if dev.startswith("cuda") else None)
+        if os.environ.get("DDP_HOOK") == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     step_fn = torch.compile(model) if mode == "compile" else model
     torch.manual_seed(rank + 1)  # each rank its own tokens
     x = torch.randint(0, V, (B, T), device=dev)
@@ -190,6 +197,8 @@ def main():
     n = sum(p.numel() for p in model.parameters())
     if rank == 0:
         ddp = f" DDP x{world}" if world > 1 else ""
+        if world > 1 and os.environ.get("DDP_HOOK") == "bf16":
+            ddp += " (bf16_compress_hook)"
         print(f"pytorch {mode} {prec} {optim}{ddp} d{L} w{C} vocab {V} batch {B}x{T}: {world * B * T / med:.0f} tokens/s "
               f"(median {med:.4f} s/step), peak {peak:.0f} MB, {n} params")
 

@@ -13,11 +13,18 @@
 #include "core/gradient_sink.h"
 #include "dist/c10d_group.h"
 
+#if defined(USE_C10D_NCCL)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -26,16 +33,15 @@ namespace orchard::dist {
 #if defined(ORCHARD_HAVE_C10D)
 namespace {
 
-// Buckets of about 25 MB (DDP's default), parameters in the reverse of
-// their order: the backward produces the last layers' gradients first.
-// Sharded, each rank's region of a bucket is up to 25 MB, or twice the
+// Buckets of up to bucket_bytes (DDP's 25 MB unless set), parameters in
+// the reverse of their order: the backward produces the last layers'
+// gradients first. Sharded, each rank's region of a bucket is up to
+// bucket_bytes, or twice the
 // largest whole parameter where that is more (a bucket of world x that),
 // so that a bucket holds several whole parameters to balance between the
 // regions: a whole parameter alone in its bucket would leave the other
 // regions as padding, sent for nothing (a d20's 26 MB MLP matrices with
 // Muon, an 8-bit embedding).
-constexpr int64_t kOverlapBucketBytes = int64_t(25) << 20;
-
 // Also the products' gradient sink (core/gradient_sink.h) while the last
 // backward of a step runs: a weight whose gradient lands whole in one
 // place of a bucket gets that place to be written by its product, so the
@@ -45,8 +51,10 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   OverlappedAverager(
       const std::vector<Shardable>& params,
       bool sharded,
-      bool same_rows)
-      : sharded_(sharded), same_rows_(same_rows) {
+      const AveragingOptions& options)
+      : sharded_(sharded),
+        same_rows_(options.same_rows_on_every_rank),
+        reduce_dtype_(options.reduce_dtype) {
     // For measuring what the collectives cost, never for training: "all"
     // sends no bucket, "last" all but the last (each rank then steps on
     // its own gradients there).
@@ -58,7 +66,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
             " is not a setting: \"all\" (no bucket all-reduced) or \"last\" "
             "(all but the last), for measuring only; unset it to train.");
     }
-    region_cap_ = kOverlapBucketBytes;
+    region_cap_ = options.bucket_bytes;
     if (sharded)
       for (const auto& s : params)
         if (s.whole && s.param.requires_grad())
@@ -101,7 +109,28 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       }
       // Zeros: a region's padding is never written and sums to zero.
       b.flat = torch::zeros({b.values}, b.options);
+      if (b.options.dtype() == torch::kFloat32 &&
+          reduce_dtype_ != torch::kFloat32) {
+        rounds_ = true;
+#if defined(USE_C10D_NCCL)
+        if (b.flat.is_cuda()) // sent in reduce_dtype_ (launch_ready)
+          b.low = torch::zeros({b.values}, b.options.dtype(reduce_dtype_));
+#endif
+      }
     }
+#if defined(USE_C10D_NCCL)
+    for (const Bucket& b : buckets_)
+      if (b.low.defined() && !casts_) {
+        const auto device = b.flat.device();
+        casts_.emplace(Casts{
+            c10::cuda::getStreamFromPool(
+                /*isHighPriority=*/false, device.index()),
+            c10::cuda::getStreamFromPool(
+                /*isHighPriority=*/false, device.index()),
+            {},
+            {}});
+      }
+#endif
     if (sharded_) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < slots_.size(); ++i) {
@@ -149,6 +178,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     sent_in_backward_ = 0;
     hooked_ = 0;
     in_place_ = 0;
+    sent_low_ = false;
     gathered_ = 0;
     gathered_bytes_ = 0;
     for (auto& s : slots_)
@@ -215,10 +245,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     for (auto& b : buckets_) {
       if (!b.work) // not sent (ORCHARD_TEST_SKIP_BUCKETS)
         continue;
+      if (b.low.defined()) // cast back on a side stream, waited for below
+        continue;
       detail::collective("averaging gradients", [&] { b.work->wait(); });
       if (!b.flat.is_cuda()) // Gloo sent the sum
         (sharded_ ? region(b, rank()) : b.flat).div_(n);
     }
+#if defined(USE_C10D_NCCL)
+    if (casts_ && sent_low_) { // the buckets sent in reduce_dtype_, back
+      casts_->back_done.record(casts_->back);
+      casts_->back_done.block(c10::cuda::getCurrentCUDAStream());
+    }
+#endif
     if (counted)
       detail::collective("averaging gradients", [&] { counted->wait(); });
     // A parameter no rank gave a gradient keeps none, as in one process
@@ -327,6 +365,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         " of " + std::to_string(slots_.size()) +
         " gradients handed over by its hooks, " + std::to_string(in_place_) +
         " of them made in their bucket by their product";
+    if (rounds_)
+      out += std::string("; averaged in bfloat16") +
+          (casts_present() ? " (half the bytes sent)"
+                           : " (each rank's gradient rounded to it; Gloo "
+                             "sends the sum in float32)");
     if (gathered_ > 0)
       out += "; " + std::to_string(gathered_) +
           " made from every process's rows of its output's gradient, "
@@ -378,8 +421,29 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     std::vector<size_t> slots;
     size_t ready = 0;
     torch::Tensor flat;
+    // NCCL, reduce_dtype_ not float32: flat in reduce_dtype_, what is sent.
+    torch::Tensor low;
     c10::intrusive_ptr<c10d::Work> work;
   };
+
+#if defined(USE_C10D_NCCL)
+  // The side streams of a bucket sent in reduce_dtype_: `to` casts it
+  // down once the backward's stream has made it (and NCCL sends from
+  // there), `back` casts the mean up once NCCL is done, while the
+  // backward goes on.
+  struct Casts {
+    c10::cuda::CUDAStream to, back;
+    at::cuda::CUDAEvent made, back_done;
+  };
+  std::optional<Casts> casts_;
+#endif
+  bool casts_present() const {
+#if defined(USE_C10D_NCCL)
+    return casts_.has_value();
+#else
+    return false;
+#endif
+  }
 
   static std::string format_megabytes(int64_t bytes) {
     char buf[32];
@@ -610,21 +674,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         continue;
       }
       sent_in_backward_ += in_backward ? 1 : 0;
+#if defined(USE_C10D_NCCL)
+      if (b.low.defined()) {
+        send_low(b);
+        ++next_;
+        continue;
+      }
+#endif
+      if (rounds_ && !b.flat.is_cuda()) // Gloo: the rounding, not the bytes
+        b.flat.copy_(b.flat.to(reduce_dtype_));
       detail::collective("averaging gradients", [&] {
         if (b.flat.is_cuda()) {
-          // NCCL averages as it sums (ReduceOp::AVG): no division pass
-          // over the gradients after the backward.
-          if (sharded_) { // in place
-            c10d::ReduceScatterOptions mean;
-            mean.reduceOp = c10d::ReduceOp::AVG;
-            torch::Tensor mine = region(b, rank());
-            b.work = detail::group()._reduce_scatter_base(mine, b.flat, mean);
-          } else {
-            c10d::AllreduceOptions mean;
-            mean.reduceOp = c10d::ReduceOp::AVG;
-            std::vector<torch::Tensor> v = {b.flat};
-            b.work = detail::group().allreduce(v, mean);
-          }
+          b.work = average_on_nccl(b, b.flat);
           return;
         }
         // Gloo (no average; 1.13's has no reduce-scatter): the whole sum,
@@ -636,10 +697,58 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     }
   }
 
+  // NCCL's mean of bucket b's values in `all` (b.flat, or b.low), in
+  // place: all-reduced, or reduce-scattered into this rank's region. NCCL
+  // averages as it sums (ReduceOp::AVG): no division pass over the
+  // gradients after the backward.
+  c10::intrusive_ptr<c10d::Work> average_on_nccl(
+      const Bucket& b,
+      torch::Tensor& all) {
+    if (sharded_) {
+      c10d::ReduceScatterOptions mean;
+      mean.reduceOp = c10d::ReduceOp::AVG;
+      torch::Tensor mine = all.narrow(0, b.region * rank(), b.region);
+      return detail::group()._reduce_scatter_base(mine, all, mean);
+    }
+    c10d::AllreduceOptions mean;
+    mean.reduceOp = c10d::ReduceOp::AVG;
+    std::vector<torch::Tensor> v = {all};
+    return detail::group().allreduce(v, mean);
+  }
+
+#if defined(USE_C10D_NCCL)
+  // Bucket b cast to reduce_dtype_, averaged (all-reduced, or
+  // reduce-scattered into this rank's region) and cast back, all on side
+  // streams: the backward's stream only marks where b is made, and
+  // finish() waits for the last cast back.
+  void send_low(Bucket& b) {
+    sent_low_ = true;
+    casts_->made.record(c10::cuda::getCurrentCUDAStream());
+    {
+      c10::cuda::CUDAStreamGuard on(casts_->to);
+      casts_->made.block(casts_->to);
+      b.low.copy_(b.flat);
+      detail::collective(
+          "averaging gradients", [&] { b.work = average_on_nccl(b, b.low); });
+    }
+    c10::cuda::CUDAStreamGuard on(casts_->back);
+    detail::collective("averaging gradients", [&] { b.work->wait(); });
+    if (sharded_)
+      region(b, rank()).copy_(b.low.narrow(0, b.region * rank(), b.region));
+    else
+      b.flat.copy_(b.low);
+  }
+#endif
+
   bool sharded_;
   // Every rank's micro-steps have the same shapes (a GPT's B x T windows),
   // so an embedding's rows can be gathered.
   bool same_rows_;
+  // The dtype gradients are averaged in; rounds_: some bucket's gradients
+  // are float32 and reduce_dtype_ is not.
+  torch::ScalarType reduce_dtype_;
+  bool rounds_ = false;
+  bool sent_low_ = false; // this step (send_low)
   size_t gathered_ = 0;
   int64_t gathered_bytes_ = 0, gathered_weight_bytes_ = 0;
   std::string skip_;           // ORCHARD_TEST_SKIP_BUCKETS
@@ -668,28 +777,31 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
 
 std::unique_ptr<GradientAverager> GradientAverager::make(
     const std::vector<torch::Tensor>& params,
-    bool same_rows_on_every_rank) {
+    const AveragingOptions& options) {
 #if defined(ORCHARD_HAVE_C10D)
   if (active()) {
     std::vector<Shardable> all;
     for (const auto& p : params)
       all.push_back({"", p, false});
     return std::make_unique<OverlappedAverager>(
-        all, /*sharded=*/false, same_rows_on_every_rank);
+        all, /*sharded=*/false, options);
   }
 #endif
-  (void)params, (void)same_rows_on_every_rank;
+  (void)params, (void)options;
   return nullptr;
 }
 
 std::unique_ptr<GradientAverager> GradientAverager::make_sharded(
-    const std::vector<Shardable>& params) {
+    const std::vector<Shardable>& params,
+    const AveragingOptions& options) {
 #if defined(ORCHARD_HAVE_C10D)
-  if (active())
-    return std::make_unique<OverlappedAverager>(
-        params, /*sharded=*/true, /*same_rows=*/false);
+  if (active()) {
+    AveragingOptions o = options;
+    o.same_rows_on_every_rank = false;
+    return std::make_unique<OverlappedAverager>(params, /*sharded=*/true, o);
+  }
 #endif
-  (void)params;
+  (void)params, (void)options;
   return nullptr;
 }
 

@@ -86,18 +86,33 @@ struct ShardPiece {
   torch::Tensor value;
 };
 
+// How a GradientAverager sends.
+struct AveragingOptions {
+  // Every rank's micro-steps have the same shapes (a GPT's B x T
+  // windows), so that an embedding's gradient can be made from every
+  // rank's rows of its output's gradient, gathered, where they are fewer
+  // values than the weight (core/gradient_sink.h).
+  bool same_rows_on_every_rank = false;
+  // What the gradients are averaged in. bfloat16 (for float32 gradients)
+  // sends half the bytes, as DDP's bf16_compress_hook: on NCCL each
+  // bucket is cast to bfloat16 on a side stream, averaged in bfloat16 and
+  // cast back while the backward goes on; on Gloo each rank's gradient is
+  // rounded to bfloat16 and the sum sent in float32 (the same rounding,
+  // none of the saving: the CPU's sends are not what limits it).
+  torch::ScalarType reduce_dtype = torch::kFloat32;
+  // A bucket's cap (DDP's bucket_cap_mb); sharded, a rank's region's.
+  int64_t bucket_bytes = int64_t(25) << 20;
+};
+
 class GradientAverager {
  public:
-  // same_rows_on_every_rank: every rank's micro-steps have the same
-  // shapes (a GPT's B x T windows), so that an embedding's gradient can
-  // be made from every rank's rows of its output's gradient, gathered,
-  // where they are fewer values than the weight (core/gradient_sink.h).
   static std::unique_ptr<GradientAverager> make(
       const std::vector<torch::Tensor>& params,
-      bool same_rows_on_every_rank = false);
+      const AveragingOptions& options = {});
   // ZeRO-1 (above); null in a single process.
   static std::unique_ptr<GradientAverager> make_sharded(
-      const std::vector<Shardable>& params);
+      const std::vector<Shardable>& params,
+      const AveragingOptions& options = {});
   // Sharded only: this rank's pieces (in bucket order), and the
   // all-gather of every rank's updated pieces into the parameters.
   virtual const std::vector<ShardPiece>& pieces() const = 0;

@@ -82,7 +82,11 @@ FinetuneMemory finetune_memory(
       : trained * 8;
   const int world = processes > 0 ? processes : dist::size();
   if (world > 1) {
-    r.gradients *= 2; // the averager's flat buckets, allocated once
+    // The averager's flat buckets, allocated once (and again in bfloat16
+    // where float32 gradients are sent in it; on CUDA only, counted alike).
+    const bool again =
+        cfg.grad_reduce_dtype == "bfloat16" && (lora ? 4 : b) == 4;
+    r.gradients *= again ? 2.5 : 2;
     if (cfg.zero_stage >= 1)
       r.optimizer /= double(world);
   }

@@ -7,8 +7,9 @@
 //   weights      4 P                      float32 master weights
 //   gradients    4 P                      every parameter is trained; 8 P
 //                with several processes (dist::GradientAverager's buckets
-//                beside .grad)
-//   optimizer    AdamW: 8 P (two moments); Muon: 4 P_m (momentum) + 8 (P - P_m);
+//                beside .grad), 10 P when they are sent in bfloat16
+//   optimizer    AdamW: 8 P (two moments); Muon: 4 P_m (momentum) + 8 (P -
+//   P_m);
 //                divided by the processes with zero_stage=1 (each rank
 //                keeps its share)
 //   casts        2 P_m under bf16/fp16 autocast (the low-precision copies of
@@ -76,6 +77,8 @@ struct PlanSettings {
   bool fused_attention = false; // SDPA (libtorch 2.x)
   int processes = 1;             // data-parallel ranks (dist::size())
   bool shard_optimizer = false;  // zero_stage=1: 1/processes of the state
+  // grad_reduce_dtype=bfloat16 on CUDA: the buckets again in bfloat16.
+  bool reduce_in_bfloat16 = false;
 };
 
 struct MemoryEstimate {

@@ -1,5 +1,6 @@
 #include "train/pretrain.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/torch_compat.h"
@@ -179,6 +180,8 @@ PlanSettings plan_settings(
   s.fused_attention = compat::has_fused_attention();
   s.processes = dist::size();
   s.shard_optimizer = cfg.zero_stage >= 1;
+  s.reduce_in_bfloat16 =
+      s.device == c10::DeviceType::CUDA && cfg.grad_reduce_dtype == "bfloat16";
   return s;
 }
 
@@ -672,6 +675,9 @@ TrainResult run_training(
       .batch_schedule = schedule,
       .grad_clip = cfg.grad_clip,
       .zero_stage = int(cfg.zero_stage),
+      .grad_reduce_dtype =
+          *parse_dtype(cfg.grad_reduce_dtype, "grad_reduce_dtype"),
+      .bucket_cap_mb = cfg.bucket_cap_mb,
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
       .ema = cfg.ema,

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 #include "core/clock.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/memory_stats.h"
@@ -158,13 +159,16 @@ void Trainer::make_averager() {
   if (!dist::active() || averager_)
     return;
   const auto trained = trained_tensors(*task_.model);
+  const dist::AveragingOptions sends{
+      .same_rows_on_every_rank = task_.same_shapes_on_every_rank,
+      .reduce_dtype = opt_.grad_reduce_dtype,
+      .bucket_bytes = opt_.bucket_cap_mb << 20};
   if (opt_.zero_stage < 1) {
-    averager_ =
-        dist::GradientAverager::make(trained, task_.same_shapes_on_every_rank);
+    averager_ = dist::GradientAverager::make(trained, sends);
     return;
   }
-  averager_ =
-      dist::GradientAverager::make_sharded(shardables(optimizers_, trained));
+  averager_ = dist::GradientAverager::make_sharded(
+      shardables(optimizers_, trained), sends);
   shard_optimizers_ = optimizers_of_pieces(optimizers_, averager_->pieces());
   int64_t mine = 0, all = 0;
   for (const auto& p : averager_->pieces())
@@ -186,6 +190,11 @@ int64_t Trainer::resume() {
     log_(
         "zero_stage=1 shards the optimizer state over several processes; "
         "with one process it changes nothing (all of the state is here).");
+  if (!dist::active() && opt_.grad_reduce_dtype != torch::kFloat32)
+    log_(
+        "grad_reduce_dtype=" + dtype_name(opt_.grad_reduce_dtype) +
+        " is how several processes average their gradients; with one "
+        "process it changes nothing.");
   std::optional<runs::Checkpoint> ckpt;
   if (opt_.resume == "auto") {
     // Rank 0 sets damaged checkpoints aside before the others look.

@@ -126,6 +126,10 @@ struct TrainerOptions {
   // share of the parameters only (ZeRO-1, train/sharded_optimizer.h);
   // 0: every rank keeps all of it.
   int zero_stage = 0;
+  // With several processes: the dtype gradients are averaged in (bfloat16
+  // sends half the bytes; dist/world.h's GradientAverager).
+  torch::ScalarType grad_reduce_dtype = torch::kFloat32;
+  int64_t bucket_cap_mb = 25; // a bucket of gradients sent at once
   int64_t warmup_steps = 0;
   double warmdown_ratio = 0.2;
   bool ema = false;

@@ -136,6 +136,22 @@ void add_training_options(
        .min = 0,
        .max = 1});
   s.add(
+      {.key = "grad_reduce_dtype",
+       .access = at(&T::grad_reduce_dtype),
+       .help = "with several processes, the dtype gradients are averaged "
+               "in: float32 (as PyTorch DDP), or bfloat16 (half the bytes "
+               "sent, as DDP's bf16_compress_hook; each rank's gradient is "
+               "rounded to bfloat16 first) (float32)",
+       .choices = {"float32", "bfloat16"}});
+  s.add(
+      {.key = "bucket_cap_mb",
+       .access = at(&T::bucket_cap_mb),
+       .help = "with several processes, the most MB of gradients sent in "
+               "one collective while the backward runs (as PyTorch DDP's "
+               "bucket_cap_mb; with zero_stage=1, a rank's share) (25)",
+       .min = 1,
+       .max = 4096});
+  s.add(
       {.key = "dtype",
        .access = at(&T::dtype),
        .help = hf ? "lora: the frozen base's dtype; full: autocast's (auto: "

@@ -40,6 +40,10 @@ struct TrainingConfig {
   double weight_decay = 0.0;
   double grad_clip = 1.0; // 0 turns clipping off
   int64_t zero_stage = 0;  // 1: optimizer state sharded over the processes
+  // With several processes, the dtype the gradients are averaged in:
+  // float32, or bfloat16 (half the bytes sent).
+  std::string grad_reduce_dtype = "float32";
+  int64_t bucket_cap_mb = 25; // gradients sent at once (DDP's bucket_cap_mb)
   std::string dtype = "auto";
   int64_t seed = 42;
 

@@ -44,6 +44,12 @@ TEST(MemoryPlan, ParameterCountsMatchTheRealModel) {
     EXPECT_EQ(
         estimate_memory(pm, s, 1, 2).gradients,
         e.gradients + 4.0 * double(model->num_parameters()));
+    // ... and again in bfloat16 where they are sent in it.
+    s.reduce_in_bfloat16 = true;
+    EXPECT_EQ(
+        estimate_memory(pm, s, 1, 2).gradients,
+        e.gradients + 6.0 * double(model->num_parameters()));
+    s.reduce_in_bfloat16 = false;
     // zero_stage=1: each of the two ranks keeps half the moments.
     s.shard_optimizer = true;
     EXPECT_EQ(
@@ -137,6 +143,10 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
   const auto sharded = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
   EXPECT_EQ(sharded.optimizer, one.optimizer / 2);
   EXPECT_EQ(sharded.activations, one.activations);
+  // Float32 gradients sent in bfloat16: the buckets again at half size.
+  cfg.grad_reduce_dtype = "bfloat16";
+  const auto low = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
+  EXPECT_EQ(low.gradients, 2.5 * one.gradients);
 }
 
 } // namespace

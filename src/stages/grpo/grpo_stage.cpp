@@ -629,6 +629,9 @@ class GrpoStage : public Stage {
             shape.rows_per_step * world * cfg.max_completion_length,
         .grad_clip = cfg.grad_clip,
         .zero_stage = int(cfg.zero_stage),
+        .grad_reduce_dtype =
+            *parse_dtype(cfg.grad_reduce_dtype, "grad_reduce_dtype"),
+        .bucket_cap_mb = cfg.bucket_cap_mb,
         .warmup_steps = cfg.warmup_steps,
         .warmdown_ratio = cfg.warmdown_ratio,
         .eval_every = cfg.eval_every,

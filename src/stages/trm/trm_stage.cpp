@@ -5,6 +5,7 @@
 // of EMA and raw weights).
 #include "stages/trm/trm_stage.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/progress.h"
@@ -663,6 +664,9 @@ class TrmStage : public Stage {
         .tokens_per_step = G * mc.seq_len,
         .grad_clip = cfg.grad_clip,
         .zero_stage = int(cfg.zero_stage),
+        .grad_reduce_dtype =
+            *parse_dtype(cfg.grad_reduce_dtype, "grad_reduce_dtype"),
+        .bucket_cap_mb = cfg.bucket_cap_mb,
         .warmup_steps = cfg.warmup_steps,
         .warmdown_ratio = cfg.warmdown_ratio,
         .ema = cfg.ema,
