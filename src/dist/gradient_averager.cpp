@@ -36,12 +36,11 @@ namespace {
 // Buckets of up to bucket_bytes (DDP's 25 MB unless set), parameters in
 // the reverse of their order: the backward produces the last layers'
 // gradients first. Sharded, each rank's region of a bucket is up to
-// bucket_bytes, or twice the
-// largest whole parameter where that is more (a bucket of world x that),
-// so that a bucket holds several whole parameters to balance between the
-// regions: a whole parameter alone in its bucket would leave the other
-// regions as padding, sent for nothing (a d20's 26 MB MLP matrices with
-// Muon, an 8-bit embedding).
+// bucket_bytes, or twice the largest whole parameter where that is more
+// (a bucket of world x that), so that a bucket holds several whole
+// parameters to balance between the regions: a whole parameter alone in
+// its bucket would leave the other regions as padding, sent for nothing
+// (a d20's 26 MB MLP matrices with Muon, an 8-bit embedding).
 // Also the products' gradient sink (core/gradient_sink.h) while the last
 // backward of a step runs: a weight whose gradient lands whole in one
 // place of a bucket gets that place to be written by its product, so the
@@ -113,24 +112,19 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
           reduce_dtype_ != torch::kFloat32) {
         rounds_ = true;
 #if defined(USE_C10D_NCCL)
-        if (b.flat.is_cuda()) // sent in reduce_dtype_ (launch_ready)
+        if (b.flat.is_cuda()) { // sent in reduce_dtype_ (send_low)
           b.low = torch::zeros({b.values}, b.options.dtype(reduce_dtype_));
+          const auto d = b.flat.device().index();
+          if (!casts_)
+            casts_.emplace(Casts{
+                c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d),
+                c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d),
+                {},
+                {}});
+        }
 #endif
       }
     }
-#if defined(USE_C10D_NCCL)
-    for (const Bucket& b : buckets_)
-      if (b.low.defined() && !casts_) {
-        const auto device = b.flat.device();
-        casts_.emplace(Casts{
-            c10::cuda::getStreamFromPool(
-                /*isHighPriority=*/false, device.index()),
-            c10::cuda::getStreamFromPool(
-                /*isHighPriority=*/false, device.index()),
-            {},
-            {}});
-      }
-#endif
     if (sharded_) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < slots_.size(); ++i) {
@@ -576,37 +570,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     torch::NoGradGuard no_grad;
     // The ids first: the sum's preparation (on CUDA sorting them and
     // zeroing the gradient) runs while the rows are still on their way.
-    Gathering all_ids = start_gather(ids.reshape({-1}).contiguous());
-    Gathering all_rows = start_gather(rows.contiguous());
+    const std::string what = "gathering an embedding's rows";
+    RowsGathering all_ids = start_gather_rows(ids.reshape({-1}), what);
+    RowsGathering all_rows = start_gather_rows(rows, what);
     sum.prepare(all_ids.wait(), num_rows, rows);
     return sum.sum(all_rows.wait(), 1.0 / double(size()));
-  }
-
-  // Every rank's `t` stacked along dimension 0 in rank order, once wait()
-  // returns (NCCL: the current stream waits for it).
-  struct Gathering {
-    torch::Tensor all;
-    c10::intrusive_ptr<c10d::Work> work;
-    torch::Tensor wait() {
-      if (work)
-        detail::collective(
-            "gathering an embedding's rows", [&] { work->wait(); });
-      return all;
-    }
-  };
-  Gathering start_gather(torch::Tensor t) {
-    Gathering g;
-    if (!t.is_cuda()) { // Gloo: world.h's gather_rows, done now
-      g.all = gather_rows(t);
-      return g;
-    }
-    auto shape = t.sizes().vec();
-    shape[0] *= size();
-    g.all = torch::empty(shape, t.options());
-    detail::collective("gathering an embedding's rows", [&] {
-      g.work = detail::group()._allgather_base(g.all, t);
-    });
-    return g;
   }
 
   void leave_sink() {

@@ -333,6 +333,27 @@ torch::Tensor gather_rows(const torch::Tensor& rows) {
   return all.to(rows.device());
 }
 
+RowsGathering start_gather_rows(
+    const torch::Tensor& rows,
+    const std::string& what) {
+#if defined(ORCHARD_HAVE_C10D)
+  if (active() && rows.is_cuda()) { // NCCL: into one tensor, in rank order
+    torch::NoGradGuard no_grad;
+    torch::Tensor mine = rows.contiguous();
+    auto shape = mine.sizes().vec();
+    shape[0] *= size();
+    RowsGathering g{torch::empty(shape, mine.options()), nullptr};
+    c10::intrusive_ptr<c10d::Work> work;
+    collective(
+        what, [&] { work = world().group->_allgather_base(g.all, mine); });
+    g.done = [work, what] { collective(what, [&] { work->wait(); }); };
+    return g;
+  }
+#endif
+  (void)what;
+  return {gather_rows(rows), nullptr};
+}
+
 int64_t min_over_ranks(int64_t value) {
   if (!active())
     return value;

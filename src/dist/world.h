@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orchard::dist {
@@ -133,6 +134,22 @@ void all_reduce_sum(const torch::Tensor& tensor);
 // rank (each rank's tensor of the same shape and dtype; not bool). `rows`
 // itself in a single process.
 torch::Tensor gather_rows(const torch::Tensor& rows);
+// gather_rows begun now and done by wait(): with NCCL the gather runs
+// while the caller goes on, and wait() makes the current stream wait for
+// it; elsewhere it is done before start_gather_rows returns. `what` names
+// the collective in messages.
+struct RowsGathering {
+  torch::Tensor all;
+  std::function<void()> done; // empty: `all` is ready
+  torch::Tensor wait() {
+    if (done)
+      std::exchange(done, nullptr)();
+    return all;
+  }
+};
+RowsGathering start_gather_rows(
+    const torch::Tensor& rows,
+    const std::string& what);
 // The smallest of every rank's `value` (device_batch_size=auto: all ranks
 // take the same micro-batch).
 int64_t min_over_ranks(int64_t value);

@@ -872,6 +872,22 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_NE(r.err.find("× world size"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("[rank 0]"), std::string::npos) << r.err;
 
+  // The averaging settings out of range: what is allowed, before any
+  // process starts.
+  r = test::run_orchard(c.train("x", 1, {"bucket_cap_mb=0"}), c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("config key 'bucket_cap_mb' (command line 'bucket_cap_mb=0'): "
+                 "invalid value '0', expected a number >= 1"),
+      std::string::npos)
+      << r.err;
+  r = test::run_orchard(c.train("x", 1, {"grad_reduce_dtype=float16"}), c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("invalid value 'float16', expected one of float32|bfloat16"),
+      std::string::npos)
+      << r.err;
+
   // The measurement switch set to what it does not know: refused, not
   // read as "average everything" while saying otherwise.
   auto skip_env = c.env;
