@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/kernel_call.h"
 #include "ops/linear.h"
+#include "ops/mean_of.h"
 #include "ops/nf4.h"
 #include "ops/op_test_util.h"
 #include "ops/rms_norm.h"
@@ -441,6 +442,37 @@ TEST(DecodeOps, KernelsStartedEarlyReadTheResultsOfTheKernelsBefore) {
   const auto plain = chain(true);
   for (int run = 0; run < 3; ++run)
     EXPECT_TRUE(torch::equal(chain(false), plain)) << "run " << run;
+}
+
+// dist/copy_engine_mean.cpp's sum of a bucket's share: the parts summed in
+// order and scaled once, the kernel's bits those of the plain ops (float32
+// sums in the same order), out one of the parts or not.
+TEST(DecodeOps, MeanOfIsThePartsSummedInOrder) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(21);
+  auto a = torch::randn({1000}), b = torch::randn({1000}),
+       c = torch::randn({1000});
+  auto want =
+      (a.to(torch::kFloat64) + b.to(torch::kFloat64) + c.to(torch::kFloat64)) /
+      3;
+  torch::Tensor out = torch::empty({1000});
+  ops::mean_of(out, {a, b, c});
+  EXPECT_LT(max_diff(out.to(torch::kFloat64), want), 1e-6);
+  EXPECT_THROW(ops::mean_of(out, {a, torch::randn({999})}), c10::Error);
+  REQUIRE_KERNELS(cuda);
+  for (int n : {1, 2, 3, 8})
+    for (int64_t count : {int64_t(4), int64_t(1) << 22, int64_t(262148)}) {
+      std::vector<torch::Tensor> parts;
+      for (int k = 0; k < n; ++k)
+        parts.push_back(
+            torch::randn({count}, torch::TensorOptions().device(cuda)));
+      auto expected = ops::mean_of_reference(parts);
+      torch::Tensor into = torch::empty_like(parts[0]);
+      ops::mean_of(into, parts);
+      EXPECT_TRUE(torch::equal(into, expected)) << n << " parts of " << count;
+      ops::mean_of(parts[0], parts); // in place, as the averager's share
+      EXPECT_TRUE(torch::equal(parts[0], expected)) << n << " in place";
+    }
 }
 
 } // namespace

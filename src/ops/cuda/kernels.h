@@ -400,4 +400,16 @@ int embedding_rows_backward(
     float scale,
     void* stream);
 
+// out = scale * (parts[0] + parts[1] + ... + parts[n - 1]), float32,
+// summed in that order, for `count` values (a multiple of 4; every pointer
+// 16-byte aligned; out may be one of the parts). 1 <= n <= kMeanOfMaxParts.
+constexpr int kMeanOfMaxParts = 8;
+int mean_of(
+    const float* const* parts,
+    int n,
+    float* out,
+    int64_t count,
+    float scale,
+    void* stream);
+
 } // namespace orchard::ops::cuda

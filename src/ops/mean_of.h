@@ -1,0 +1,22 @@
+// The mean of float32 tensors of one size, summed in their order: the
+// same bits whichever process makes it from the same parts
+// (dist/copy_engine_mean.cpp: a share of a gradient bucket from every
+// rank's values). One pass on CUDA (ops/cuda/mean_of.cu), where the sum
+// and the division would otherwise be two passes over the bucket beside
+// the backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace orchard::ops {
+
+// The plain definition: (parts[0] + parts[1] + ...) * (1 / parts.size()).
+torch::Tensor mean_of_reference(const std::vector<torch::Tensor>& parts);
+
+// Writes the mean into out (which may be one of the parts); every tensor
+// float32, contiguous, of out's size.
+void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts);
+
+} // namespace orchard::ops
