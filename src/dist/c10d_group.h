@@ -30,6 +30,8 @@ void collective(const std::string& what, const std::function<void()>& fn);
 #if defined(ORCHARD_HAVE_C10D)
 // The group init() joined (call only while dist::active()).
 compat::CollectiveGroup& group();
+// The rendezvous store the group was made from.
+c10::intrusive_ptr<c10d::Store> store();
 #endif
 
 } // namespace orchard::dist::detail

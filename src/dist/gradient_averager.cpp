@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/gradient_sink.h"
 #include "dist/c10d_group.h"
+#include "dist/copy_engine_mean.h"
 
 #if defined(USE_C10D_NCCL)
 #include <ATen/cuda/CUDAEvent.h>
@@ -33,7 +34,8 @@ namespace orchard::dist {
 #if defined(ORCHARD_HAVE_C10D)
 namespace {
 
-// Buckets of up to bucket_bytes (DDP's 25 MB unless set), parameters in
+// Buckets of up to bucket_bytes (100 MB unless set; DDP's 25 MB was slower
+// on two H200s, bench/RESULTS.md), parameters in
 // the reverse of their order: the backward produces the last layers'
 // gradients first. Sharded, each rank's region of a bucket is up to
 // bucket_bytes, or twice the largest whole parameter where that is more
@@ -53,7 +55,8 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       const AveragingOptions& options)
       : sharded_(sharded),
         same_rows_(options.same_rows_on_every_rank),
-        reduce_dtype_(options.reduce_dtype) {
+        reduce_dtype_(options.reduce_dtype),
+        mover_(options.mover) {
     // For measuring what the collectives cost, never for training: "all"
     // sends no bucket, "last" all but the last (each rank then steps on
     // its own gradients there).
@@ -95,6 +98,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
     }
+    start_copy_engines();
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       Bucket& b = buckets_[bi];
       if (sharded_) {
@@ -107,7 +111,8 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         }
       }
       // Zeros: a region's padding is never written and sums to zero.
-      b.flat = torch::zeros({b.values}, b.options);
+      b.flat =
+          copies_ ? copies_->bucket(bi) : torch::zeros({b.values}, b.options);
       if (b.options.dtype() == torch::kFloat32 &&
           reduce_dtype_ != torch::kFloat32) {
         rounds_ = true;
@@ -245,6 +250,8 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       if (!b.flat.is_cuda()) // Gloo sent the sum
         (sharded_ ? region(b, rank()) : b.flat).div_(n);
     }
+    if (copies_)
+      copies_->finish();
 #if defined(USE_C10D_NCCL)
     if (casts_ && sent_low_) { // the buckets sent in reduce_dtype_, back
       casts_->back_done.record(casts_->back);
@@ -359,6 +366,13 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         " of " + std::to_string(slots_.size()) +
         " gradients handed over by its hooks, " + std::to_string(in_place_) +
         " of them made in their bucket by their product";
+    if (copies_)
+      out +=
+          "; averaged by the GPUs' copy engines (PyTorch's symmetric "
+          "memory; no SMs held while sending)";
+    else if (!copies_unavailable_.empty())
+      out += "; averaged by NCCL (the copy engines cannot: " +
+          copies_unavailable_ + ")";
     if (rounds_)
       out += std::string("; averaged in bfloat16") +
           (casts_present() ? " (half the bytes sent)"
@@ -577,6 +591,68 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return sum.sum(all_rows.wait(), 1.0 / double(size()));
   }
 
+  // Buckets averaged by the GPUs' copy engines (copy_engine_mean.h) rather
+  // than by NCCL's kernels, as mover_ asks: float32 CUDA buckets, averaged
+  // in float32 (not sharded), every rank on this host.
+  void start_copy_engines() {
+    using Mover = AveragingOptions::Mover;
+    if (mover_ == Mover::nccl || buckets_.empty())
+      return;
+    const torch::Device device = buckets_[0].options.device();
+    if (!device.is_cuda()) {
+      if (mover_ == Mover::copy_engines)
+        throw UserError(
+            "grad_average=copy_engines needs CUDA devices; these gradients "
+            "are on " +
+            device.str() +
+            " (Gloo sends them). Use "
+            "grad_average=auto or grad_average=nccl.");
+      return;
+    }
+    std::string why_not;
+    std::vector<int64_t> values;
+    for (const Bucket& b : buckets_) {
+      if (b.options.dtype() != torch::kFloat32 ||
+          b.options.device() != buckets_[0].options.device())
+        why_not = "the gradients are not all float32 on one device";
+      values.push_back(b.values);
+    }
+    if (sharded_)
+      why_not = "zero_stage=1 reduce-scatters them";
+    else if (reduce_dtype_ != torch::kFloat32)
+      why_not = "grad_reduce_dtype=bfloat16 sends them in bfloat16";
+    if (why_not.empty())
+      why_not = detail::CopyEngineMean::unavailable(device);
+    if (why_not.empty()) {
+      // The mapping fails where the GPUs cannot reach each other's memory
+      // (no peer access): the copy engines only where every rank mapped
+      // them, so that all send alike.
+      std::string failed;
+      try {
+        copies_ = detail::CopyEngineMean::make(values, device);
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        failed = what.substr(0, what.find('\n'));
+      }
+      torch::Tensor mapped = torch::full(
+          {1}, copies_ ? 1.0 : 0.0, torch::TensorOptions().device(device));
+      all_reduce_mean({mapped});
+      if (mapped.item<double>() == 1.0)
+        return;
+      copies_.reset();
+      why_not = failed.empty() ? "another process could not map them"
+                               : "mapping them failed: " + failed;
+    }
+    if (mover_ == Mover::copy_engines)
+      throw UserError(
+          "grad_average=copy_engines: the copy engines cannot average these "
+          "gradients (" +
+          why_not +
+          "). Use grad_average=auto (copy engines "
+          "where they can, else NCCL) or grad_average=nccl.");
+    copies_unavailable_ = why_not;
+  }
+
   void leave_sink() {
     if (gradient_sink() == this)
       set_gradient_sink(nullptr);
@@ -642,6 +718,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         continue;
       }
       sent_in_backward_ += in_backward ? 1 : 0;
+      if (copies_) {
+        copies_->send(next_);
+        ++next_;
+        continue;
+      }
 #if defined(USE_C10D_NCCL)
       if (b.low.defined()) {
         send_low(b);
@@ -709,12 +790,15 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
 #endif
 
   bool sharded_;
+  std::unique_ptr<detail::CopyEngineMean> copies_;
+  std::string copies_unavailable_; // why not, on CUDA where not ruled out
   // Every rank's micro-steps have the same shapes (a GPT's B x T windows),
   // so an embedding's rows can be gathered.
   bool same_rows_;
   // The dtype gradients are averaged in; rounds_: some bucket's gradients
   // are float32 and reduce_dtype_ is not.
   torch::ScalarType reduce_dtype_;
+  AveragingOptions::Mover mover_;
   bool rounds_ = false;
   bool sent_low_ = false; // this step (send_low)
   size_t gathered_ = 0;

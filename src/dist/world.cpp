@@ -168,6 +168,10 @@ void collective(const std::string& what, const std::function<void()>& fn) {
 compat::CollectiveGroup& group() {
   return *world().group;
 }
+
+c10::intrusive_ptr<c10d::Store> store() {
+  return world().store;
+}
 #endif
 
 } // namespace detail
@@ -272,6 +276,18 @@ int finish(int exit_code) {
 #endif
   w.joined = false;
   return exit_code;
+}
+
+AveragingOptions::Mover mover_named(const std::string& name) {
+  if (name == "nccl")
+    return AveragingOptions::Mover::nccl;
+  if (name == "copy_engines")
+    return AveragingOptions::Mover::copy_engines;
+  if (name == "auto")
+    return AveragingOptions::Mover::automatic;
+  throw UserError(
+      "grad_average=" + name +
+      " is not a setting: auto, nccl or copy_engines.");
 }
 
 bool active() {

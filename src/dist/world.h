@@ -102,8 +102,18 @@ struct AveragingOptions {
   // none of the saving: the CPU's sends are not what limits it).
   torch::ScalarType reduce_dtype = torch::kFloat32;
   // A bucket's cap (DDP's bucket_cap_mb); sharded, a rank's region's.
-  int64_t bucket_bytes = int64_t(25) << 20;
+  int64_t bucket_bytes = int64_t(100) << 20;
+  // What moves a bucket's bytes on CUDA (the grad_average setting):
+  // `automatic`, the GPUs' copy engines where they can (every rank on this
+  // host, float32 buckets all-reduced in float32: not zero_stage=1, not
+  // bfloat16), else NCCL; `nccl`, NCCL's kernels always; `copy_engines`,
+  // the copy engines or a UserError saying why not. The copy engines hold
+  // no SMs while they send (dist/copy_engine_mean.h).
+  enum class Mover { automatic, nccl, copy_engines };
+  Mover mover = Mover::automatic;
 };
+// The Mover a grad_average setting names ("auto", "nccl", "copy_engines").
+AveragingOptions::Mover mover_named(const std::string& name);
 
 class GradientAverager {
  public:

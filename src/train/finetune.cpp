@@ -624,6 +624,7 @@ TrainResult run_finetune(
       .grad_reduce_dtype =
           *parse_dtype(cfg.grad_reduce_dtype, "grad_reduce_dtype"),
       .bucket_cap_mb = cfg.bucket_cap_mb,
+      .grad_average = dist::mover_named(cfg.grad_average),
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
       .eval_every = cfg.eval_every,

@@ -128,7 +128,9 @@ MemoryEstimate estimate_memory(
         e.gradients, std::max(0.0, peak_extra - e.activations - e.logits));
   }
   if (s.processes > 1) // the averager's flat buckets, allocated once
-    e.gradients += (s.reduce_in_bfloat16 ? 6 : 4) * P;
+    e.gradients += (s.reduce_in_bfloat16 ? 6 : 4) * P +
+        std::min(s.copy_engine_bucket, 4 * P) * (s.processes - 1) /
+            s.processes;
   if (s.processes > 1 && s.shard_optimizer) // each rank its share
     e.optimizer /= double(s.processes);
   return e;

@@ -79,6 +79,10 @@ struct PlanSettings {
   bool shard_optimizer = false;  // zero_stage=1: 1/processes of the state
   // grad_reduce_dtype=bfloat16 on CUDA: the buckets again in bfloat16.
   bool reduce_in_bfloat16 = false;
+  // Where the GPUs' copy engines average the buckets (dist's
+  // CopyEngineMean), bucket_cap_mb in bytes: their scratch holds the
+  // largest bucket's share from every other rank.
+  double copy_engine_bucket = 0;
 };
 
 struct MemoryEstimate {

@@ -182,6 +182,10 @@ PlanSettings plan_settings(
   s.shard_optimizer = cfg.zero_stage >= 1;
   s.reduce_in_bfloat16 =
       s.device == c10::DeviceType::CUDA && cfg.grad_reduce_dtype == "bfloat16";
+  if (s.device == c10::DeviceType::CUDA && s.processes > 1 &&
+      !s.shard_optimizer && !s.reduce_in_bfloat16 &&
+      cfg.grad_average != "nccl")
+    s.copy_engine_bucket = double(cfg.bucket_cap_mb << 20);
   return s;
 }
 
@@ -678,6 +682,7 @@ TrainResult run_training(
       .grad_reduce_dtype =
           *parse_dtype(cfg.grad_reduce_dtype, "grad_reduce_dtype"),
       .bucket_cap_mb = cfg.bucket_cap_mb,
+      .grad_average = dist::mover_named(cfg.grad_average),
       .warmup_steps = cfg.warmup_steps,
       .warmdown_ratio = cfg.warmdown_ratio,
       .ema = cfg.ema,

@@ -162,7 +162,8 @@ void Trainer::make_averager() {
   const dist::AveragingOptions sends{
       .same_rows_on_every_rank = task_.same_shapes_on_every_rank,
       .reduce_dtype = opt_.grad_reduce_dtype,
-      .bucket_bytes = opt_.bucket_cap_mb << 20};
+      .bucket_bytes = opt_.bucket_cap_mb << 20,
+      .mover = opt_.grad_average};
   if (opt_.zero_stage < 1) {
     averager_ = dist::GradientAverager::make(trained, sends);
     return;

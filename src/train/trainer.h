@@ -129,7 +129,10 @@ struct TrainerOptions {
   // With several processes: the dtype gradients are averaged in (bfloat16
   // sends half the bytes; dist/world.h's GradientAverager).
   torch::ScalarType grad_reduce_dtype = torch::kFloat32;
-  int64_t bucket_cap_mb = 25; // a bucket of gradients sent at once
+  int64_t bucket_cap_mb = 100; // a bucket of gradients sent at once
+  // What moves them on CUDA (grad_average).
+  dist::AveragingOptions::Mover grad_average =
+      dist::AveragingOptions::Mover::automatic;
   int64_t warmup_steps = 0;
   double warmdown_ratio = 0.2;
   bool ema = false;

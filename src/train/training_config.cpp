@@ -146,11 +146,22 @@ void add_training_options(
   s.add(
       {.key = "bucket_cap_mb",
        .access = at(&T::bucket_cap_mb),
-       .help = "with several processes, the most MB of gradients sent in "
-               "one collective while the backward runs (as PyTorch DDP's "
-               "bucket_cap_mb; with zero_stage=1, a rank's share) (25)",
+       .help =
+           "with several processes, the most MB of gradients sent in "
+           "one collective while the backward runs (as PyTorch DDP's "
+           "bucket_cap_mb, whose default is 25; with zero_stage=1, a rank's "
+           "share) (100)",
        .min = 1,
        .max = 4096});
+  s.add(
+      {.key = "grad_average",
+       .access = at(&T::grad_average),
+       .help = "with several processes on CUDA, what moves the gradients: "
+               "copy_engines (the GPUs' copy engines through PyTorch's "
+               "symmetric memory, no SMs held while the backward runs; "
+               "every process on one host), nccl (NCCL's kernels), or auto "
+               "(copy engines where they can, else NCCL) (auto)",
+       .choices = {"auto", "nccl", "copy_engines"}});
   s.add(
       {.key = "dtype",
        .access = at(&T::dtype),

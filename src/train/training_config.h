@@ -43,7 +43,10 @@ struct TrainingConfig {
   // With several processes, the dtype the gradients are averaged in:
   // float32, or bfloat16 (half the bytes sent).
   std::string grad_reduce_dtype = "float32";
-  int64_t bucket_cap_mb = 25; // gradients sent at once (DDP's bucket_cap_mb)
+  int64_t bucket_cap_mb = 100; // gradients sent at once (DDP's bucket_cap_mb)
+  // With several processes on CUDA, what moves the gradients: auto, nccl
+  // or copy_engines (dist/world.h's AveragingOptions::Mover).
+  std::string grad_average = "auto";
   std::string dtype = "auto";
   int64_t seed = 42;
 

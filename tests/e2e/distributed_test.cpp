@@ -888,6 +888,26 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
       std::string::npos)
       << r.err;
 
+  r = test::run_orchard(c.train("x", 1, {"grad_average=sm"}), c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("invalid value 'sm', expected one of "
+                 "auto|nccl|copy_engines"),
+      std::string::npos)
+      << r.err;
+  // The copy engines asked for where there are none (Gloo on the CPU):
+  // refused by every rank, saying what to set instead.
+  r = test::run_orchard(
+      c.launch(free_port(), c.train("x", 1, {"grad_average=copy_engines"})),
+      c.env);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(
+      r.err.find("grad_average=copy_engines needs CUDA devices; these "
+                 "gradients are on cpu"),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("grad_average=auto"), std::string::npos) << r.err;
+
   // The measurement switch set to what it does not know: refused, not
   // read as "average everything" while saying otherwise.
   auto skip_env = c.env;

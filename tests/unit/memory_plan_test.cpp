@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace orchard::train {
 namespace {
 
@@ -50,6 +52,14 @@ TEST(MemoryPlan, ParameterCountsMatchTheRealModel) {
         estimate_memory(pm, s, 1, 2).gradients,
         e.gradients + 6.0 * double(model->num_parameters()));
     s.reduce_in_bfloat16 = false;
+    // ... and the copy engines' scratch where they average them: the
+    // other rank's half of the largest bucket (of at most 100 MB).
+    s.copy_engine_bucket = double(100 << 20);
+    const double grads = 4.0 * double(model->num_parameters());
+    EXPECT_EQ(
+        estimate_memory(pm, s, 1, 2).gradients,
+        e.gradients + grads + std::min(grads, double(100 << 20)) / 2);
+    s.copy_engine_bucket = 0;
     // zero_stage=1: each of the two ranks keeps half the moments.
     s.shard_optimizer = true;
     EXPECT_EQ(
@@ -136,8 +146,15 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
   cfg.stage = "full";
   const auto one = finetune_memory(mc, cfg, torch::kFloat32, 2, 1);
   EXPECT_EQ(one.optimizer, 2 * one.weights); // two float32 moments a weight
+  // The buckets, and the copy engines' scratch: the other rank's half of
+  // the one bucket the fixture's gradients fill.
   const auto two = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
-  EXPECT_EQ(two.gradients, 2 * one.gradients);
+  EXPECT_EQ(two.gradients, 2.5 * one.gradients);
+  cfg.grad_average = "nccl";
+  EXPECT_EQ(
+      finetune_memory(mc, cfg, torch::kFloat32, 2, 2).gradients,
+      2 * one.gradients);
+  cfg.grad_average = "auto";
   EXPECT_EQ(two.optimizer, one.optimizer);
   cfg.zero_stage = 1;
   const auto sharded = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);

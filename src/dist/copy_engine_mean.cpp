@@ -1,0 +1,183 @@
+// dist::detail::CopyEngineMean (copy_engine_mean.h).
+//
+// Built without the precompiled header (CMakeLists.txt), so that
+// torch_compat.h's c10d section is seen.
+#define ORCHARD_C10D_COMPAT
+#include "core/torch_compat.h"
+
+#include "dist/copy_engine_mean.h"
+
+#include "core/error.h"
+#include "dist/c10d_group.h"
+#include "dist/world.h"
+#include "ops/mean_of.h"
+
+// PyTorch 2.x's CUDA builds; 1.13 has no symmetric memory.
+#if defined(USE_C10D_NCCL) && \
+    __has_include(<torch/csrc/distributed/c10d/symm_mem/SymmetricMemory.hpp>)
+#define ORCHARD_HAVE_SYMM_MEM 1
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <torch/csrc/distributed/c10d/symm_mem/SymmetricMemory.hpp>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace orchard::dist::detail {
+
+#if defined(ORCHARD_HAVE_SYMM_MEM)
+namespace {
+
+const std::string kGroup = "orchard_gradients";
+// A share starts on a 256-byte boundary (64 float32 values).
+constexpr int64_t kAlign = 64;
+// How long a barrier waits for the other ranks (NCCL's default timeout).
+constexpr size_t kBarrierTimeoutMs = 10 * 60 * 1000;
+
+int64_t round_up(int64_t n, int64_t a) {
+  return (n + a - 1) / a * a;
+}
+
+class SymmetricMean final : public CopyEngineMean {
+ public:
+  SymmetricMean(const std::vector<int64_t>& values, const torch::Device& device)
+      : world_(size()),
+        me_(rank()),
+        stream_(c10::cuda::getStreamFromPool(
+            /*isHighPriority=*/false,
+            device.index())) {
+    int64_t at = 0, largest = 0;
+    for (int64_t v : values) {
+      const int64_t share = round_up((v + world_ - 1) / world_, kAlign);
+      buckets_.push_back({at, v, share});
+      at += share * world_;
+      largest = std::max(largest, share);
+    }
+    scratch_at_ = at;
+    const int64_t total = at + largest * (world_ - 1);
+    // Orchard never uses NVLink multicast; without this PyTorch would set
+    // up a multicast object for the buffer where the GPUs offer one.
+    setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+    // The rendezvous finds the ranks by the group's name: a group of this
+    // name (its rank, size and store; it sends nothing itself), made once
+    // a process and kept (the registry holds it weakly).
+    static const auto* group = [&] {
+      auto* made = new c10::intrusive_ptr<c10d::ProcessGroup>(
+          c10::make_intrusive<c10d::ProcessGroup>(
+              c10::make_intrusive<c10d::PrefixStore>(kGroup, store()),
+              me_,
+              world_));
+      c10d::register_process_group(kGroup, *made);
+      return made;
+    }();
+    (void)group;
+    namespace sm = c10d::symmetric_memory;
+    all_ = sm::empty_strided_p2p(
+        {total}, {1}, torch::kFloat32, device, kGroup, std::nullopt);
+    all_.zero_(); // a share's padding is never written and sums to zero
+    memory_ = sm::rendezvous(all_, kGroup);
+    for (int p = 0; p < world_; ++p)
+      peer_.push_back(
+          p == me_ ? all_
+                   : memory_->get_buffer(p, {total}, torch::kFloat32, 0));
+  }
+
+  torch::Tensor bucket(size_t b) override {
+    return all_.narrow(0, buckets_[b].at, buckets_[b].values);
+  }
+
+  void send(size_t b) override {
+    torch::NoGradGuard no_grad;
+    const Bucket& k = buckets_[b];
+    made_.record(c10::cuda::getCurrentCUDAStream());
+    made_.block(stream_);
+    c10::cuda::CUDAStreamGuard on(stream_);
+    memory_->barrier(0, kBarrierTimeoutMs); // every rank has made bucket b
+    const int64_t mine = k.at + k.share * me_;
+    torch::Tensor own = all_.narrow(0, mine, k.share);
+    std::vector<torch::Tensor> part(static_cast<size_t>(world_)); // each rank's
+    for (int p = 0, i = 0; p < world_; ++p) {
+      if (p == me_) {
+        part[size_t(p)] = own;
+        continue;
+      }
+      part[size_t(p)] =
+          all_.narrow(0, scratch_at_ + int64_t(i++) * k.share, k.share);
+      part[size_t(p)].copy_(peer_[size_t(p)].narrow(0, mine, k.share));
+    }
+    // Summed in rank order, one pass (each share is made once and copied,
+    // so every rank ends with its bits).
+    ops::mean_of(own, part);
+    memory_->barrier(0, kBarrierTimeoutMs); // every share is its mean
+    for (int p = 0; p < world_; ++p)
+      if (p != me_) {
+        const int64_t at = k.at + k.share * p;
+        all_.narrow(0, at, k.share)
+            .copy_(peer_[size_t(p)].narrow(0, at, k.share));
+      }
+    sent_ = true;
+  }
+
+  void finish() override {
+    if (!sent_)
+      return;
+    sent_ = false;
+    {
+      c10::cuda::CUDAStreamGuard on(stream_);
+      memory_->barrier(0, kBarrierTimeoutMs); // every rank has read mine
+      done_.record(stream_);
+    }
+    done_.block(c10::cuda::getCurrentCUDAStream());
+  }
+
+ private:
+  struct Bucket {
+    int64_t at, values, share; // share: values a rank owns, world x share
+  };
+  int world_, me_;
+  c10::cuda::CUDAStream stream_;
+  std::vector<Bucket> buckets_;
+  int64_t scratch_at_ = 0; // (world - 1) shares of the largest bucket
+  torch::Tensor all_;
+  c10::intrusive_ptr<c10d::symmetric_memory::SymmetricMemory> memory_;
+  std::vector<torch::Tensor> peer_; // each rank's all_, mapped here
+  at::cuda::CUDAEvent made_, done_;
+  bool sent_ = false;
+};
+
+} // namespace
+#endif
+
+std::string CopyEngineMean::unavailable(const torch::Device& device) {
+#if defined(ORCHARD_HAVE_SYMM_MEM)
+  if (!device.is_cuda())
+    return "not a CUDA device";
+  if (launch().local_world != launch().world)
+    return "the ranks are on several hosts";
+  if (!dynamic_cast<c10d::ProcessGroupNCCL*>(&group()))
+    return "the group is not NCCL's";
+  return "";
+#else
+  (void)device;
+  return "this libtorch has no symmetric memory (PyTorch 2.x on CUDA)";
+#endif
+}
+
+std::unique_ptr<CopyEngineMean> CopyEngineMean::make(
+    const std::vector<int64_t>& bucket_values,
+    const torch::Device& device) {
+#if defined(ORCHARD_HAVE_SYMM_MEM)
+  return std::make_unique<SymmetricMean>(bucket_values, device);
+#else
+  (void)bucket_values, (void)device;
+  return nullptr;
+#endif
+}
+
+} // namespace orchard::dist::detail
