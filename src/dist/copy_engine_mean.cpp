@@ -10,7 +10,6 @@
 #include "core/error.h"
 #include "dist/c10d_group.h"
 #include "dist/world.h"
-#include "ops/mean_of.h"
 
 // PyTorch 2.x's CUDA builds; 1.13 has no symmetric memory.
 #if defined(USE_C10D_NCCL) && \
@@ -46,8 +45,12 @@ int64_t round_up(int64_t n, int64_t a) {
 
 class SymmetricMean final : public CopyEngineMean {
  public:
-  SymmetricMean(const std::vector<int64_t>& values, const torch::Device& device)
-      : world_(size()),
+  SymmetricMean(
+      const std::vector<int64_t>& values,
+      const torch::Device& device,
+      AveragingOptions::MeanOf mean_of)
+      : mean_of_(std::move(mean_of)),
+        world_(size()),
         me_(rank()),
         stream_(c10::cuda::getStreamFromPool(
             /*isHighPriority=*/false,
@@ -111,9 +114,16 @@ class SymmetricMean final : public CopyEngineMean {
           all_.narrow(0, scratch_at_ + int64_t(i++) * k.share, k.share);
       part[size_t(p)].copy_(peer_[size_t(p)].narrow(0, mine, k.share));
     }
-    // Summed in rank order, one pass (each share is made once and copied,
-    // so every rank ends with its bits).
-    ops::mean_of(own, part);
+    // Summed in rank order (each share is made once and copied, so every
+    // rank ends with its bits).
+    if (mean_of_) {
+      mean_of_(own, part);
+    } else {
+      torch::add_out(own, part[0], part[1]);
+      for (size_t p = 2; p < part.size(); ++p)
+        own.add_(part[p]);
+      own.mul_(1.0 / double(world_));
+    }
     memory_->barrier(0, kBarrierTimeoutMs); // every share is its mean
     for (int p = 0; p < world_; ++p)
       if (p != me_) {
@@ -140,6 +150,7 @@ class SymmetricMean final : public CopyEngineMean {
   struct Bucket {
     int64_t at, values, share; // share: values a rank owns, world x share
   };
+  AveragingOptions::MeanOf mean_of_;
   int world_, me_;
   c10::cuda::CUDAStream stream_;
   std::vector<Bucket> buckets_;
@@ -154,14 +165,16 @@ class SymmetricMean final : public CopyEngineMean {
 } // namespace
 #endif
 
-std::string CopyEngineMean::unavailable(const torch::Device& device) {
+namespace {
+
+// Why the copy engines cannot serve this run's group on `device`, or "".
+std::string unavailable(const torch::Device& device) {
 #if defined(ORCHARD_HAVE_SYMM_MEM)
-  if (!device.is_cuda())
-    return "not a CUDA device";
   if (launch().local_world != launch().world)
     return "the ranks are on several hosts";
   if (!dynamic_cast<c10d::ProcessGroupNCCL*>(&group()))
     return "the group is not NCCL's";
+  (void)device;
   return "";
 #else
   (void)device;
@@ -169,15 +182,76 @@ std::string CopyEngineMean::unavailable(const torch::Device& device) {
 #endif
 }
 
-std::unique_ptr<CopyEngineMean> CopyEngineMean::make(
-    const std::vector<int64_t>& bucket_values,
-    const torch::Device& device) {
+// Maps the buckets into every GPU of this host, or throws.
+std::unique_ptr<CopyEngineMean> map_buckets(
+    const std::vector<int64_t>& values,
+    const torch::Device& device,
+    const AveragingOptions::MeanOf& mean_of) {
 #if defined(ORCHARD_HAVE_SYMM_MEM)
-  return std::make_unique<SymmetricMean>(bucket_values, device);
+  return std::make_unique<SymmetricMean>(values, device, mean_of);
 #else
-  (void)bucket_values, (void)device;
+  (void)values, (void)device, (void)mean_of;
   return nullptr;
 #endif
+}
+
+} // namespace
+
+std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
+    AveragingOptions::Mover mover,
+    const std::vector<std::pair<int64_t, torch::TensorOptions>>& buckets,
+    const std::string& ruled_out,
+    const AveragingOptions::MeanOf& mean_of,
+    std::string& why_not) {
+  using Mover = AveragingOptions::Mover;
+  why_not.clear();
+  if (mover == Mover::nccl || buckets.empty())
+    return nullptr;
+  const torch::Device device = buckets[0].second.device();
+  if (!device.is_cuda()) {
+    if (mover == Mover::copy_engines)
+      throw UserError(
+          "grad_average=copy_engines needs CUDA devices; these gradients "
+          "are on " +
+          device.str() +
+          " (Gloo sends them). Use grad_average=auto or grad_average=nccl.");
+    return nullptr;
+  }
+  std::vector<int64_t> values;
+  for (const auto& [n, options] : buckets) {
+    if (options.dtype() != torch::kFloat32 || options.device() != device)
+      why_not = "the gradients are not all float32 on one device";
+    values.push_back(n);
+  }
+  if (!ruled_out.empty())
+    why_not = ruled_out;
+  if (why_not.empty())
+    why_not = unavailable(device);
+  std::unique_ptr<CopyEngineMean> made;
+  if (why_not.empty()) {
+    std::string failed;
+    try {
+      made = map_buckets(values, device, mean_of);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      failed = what.substr(0, what.find('\n'));
+    }
+    torch::Tensor mapped = torch::full(
+        {1}, made ? 1.0 : 0.0, torch::TensorOptions().device(device));
+    all_reduce_mean({mapped});
+    if (mapped.item<double>() == 1.0)
+      return made;
+    why_not = failed.empty() ? "another process could not map them"
+                             : "mapping them failed: " + failed;
+  }
+  if (mover == Mover::copy_engines)
+    throw UserError(
+        "grad_average=copy_engines: the copy engines cannot average these "
+        "gradients (" +
+        why_not +
+        "). Use grad_average=auto (copy engines where they can, else NCCL) "
+        "or grad_average=nccl.");
+  return nullptr;
 }
 
 } // namespace orchard::dist::detail

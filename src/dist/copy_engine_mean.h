@@ -13,25 +13,36 @@
 // ring all-reduce moves; every rank ends with the same bits.
 #pragma once
 
+#include "dist/world.h"
+
 #include <torch/torch.h>
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orchard::dist::detail {
 
 class CopyEngineMean {
  public:
-  // Why it cannot serve this run's group, or "" where it can: a CUDA
-  // device, NCCL, every rank on this host, symmetric memory in this build.
-  static std::string unavailable(const torch::Device& device);
-  // Collective (every rank, the same sizes, the same order): buckets of
-  // these many float32 values on `device`, zeros, in memory every rank
-  // maps. Throws where the mapping fails (GPUs without peer access).
-  static std::unique_ptr<CopyEngineMean> make(
-      const std::vector<int64_t>& bucket_values,
-      const torch::Device& device);
+  // Collective (every rank, the same buckets, the same order): the copy
+  // engines for buckets of these many values with these options, where
+  // `mover` asks for them (automatic or copy_engines) and they can serve:
+  // float32 buckets on one CUDA device, nothing in `ruled_out` (the
+  // averager's reason against, e.g. zero_stage=1), NCCL, every rank on
+  // this host, symmetric memory in this build, and every rank's mapping
+  // of the others' memory done (it fails where the GPUs have no peer
+  // access; the ranks agree by one all-reduce, so all send alike). Their
+  // buckets are zeros. Else null, with why not in `why_not` on CUDA (""
+  // where NCCL was asked for or the buckets are on the CPU); a UserError
+  // saying why where copy_engines was asked for.
+  static std::unique_ptr<CopyEngineMean> choose(
+      AveragingOptions::Mover mover,
+      const std::vector<std::pair<int64_t, torch::TensorOptions>>& buckets,
+      const std::string& ruled_out,
+      const AveragingOptions::MeanOf& mean_of,
+      std::string& why_not);
   virtual ~CopyEngineMean() = default;
 
   // Bucket b's values (what the backward writes, and then the mean).

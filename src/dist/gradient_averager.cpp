@@ -98,7 +98,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
     }
-    start_copy_engines();
+    start_copy_engines(options.mean_of);
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       Bucket& b = buckets_[bi];
       if (sharded_) {
@@ -591,66 +591,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return sum.sum(all_rows.wait(), 1.0 / double(size()));
   }
 
-  // Buckets averaged by the GPUs' copy engines (copy_engine_mean.h) rather
-  // than by NCCL's kernels, as mover_ asks: float32 CUDA buckets, averaged
-  // in float32 (not sharded), every rank on this host.
-  void start_copy_engines() {
-    using Mover = AveragingOptions::Mover;
-    if (mover_ == Mover::nccl || buckets_.empty())
-      return;
-    const torch::Device device = buckets_[0].options.device();
-    if (!device.is_cuda()) {
-      if (mover_ == Mover::copy_engines)
-        throw UserError(
-            "grad_average=copy_engines needs CUDA devices; these gradients "
-            "are on " +
-            device.str() +
-            " (Gloo sends them). Use "
-            "grad_average=auto or grad_average=nccl.");
-      return;
-    }
-    std::string why_not;
-    std::vector<int64_t> values;
-    for (const Bucket& b : buckets_) {
-      if (b.options.dtype() != torch::kFloat32 ||
-          b.options.device() != buckets_[0].options.device())
-        why_not = "the gradients are not all float32 on one device";
-      values.push_back(b.values);
-    }
-    if (sharded_)
-      why_not = "zero_stage=1 reduce-scatters them";
-    else if (reduce_dtype_ != torch::kFloat32)
-      why_not = "grad_reduce_dtype=bfloat16 sends them in bfloat16";
-    if (why_not.empty())
-      why_not = detail::CopyEngineMean::unavailable(device);
-    if (why_not.empty()) {
-      // The mapping fails where the GPUs cannot reach each other's memory
-      // (no peer access): the copy engines only where every rank mapped
-      // them, so that all send alike.
-      std::string failed;
-      try {
-        copies_ = detail::CopyEngineMean::make(values, device);
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        failed = what.substr(0, what.find('\n'));
-      }
-      torch::Tensor mapped = torch::full(
-          {1}, copies_ ? 1.0 : 0.0, torch::TensorOptions().device(device));
-      all_reduce_mean({mapped});
-      if (mapped.item<double>() == 1.0)
-        return;
-      copies_.reset();
-      why_not = failed.empty() ? "another process could not map them"
-                               : "mapping them failed: " + failed;
-    }
-    if (mover_ == Mover::copy_engines)
-      throw UserError(
-          "grad_average=copy_engines: the copy engines cannot average these "
-          "gradients (" +
-          why_not +
-          "). Use grad_average=auto (copy engines "
-          "where they can, else NCCL) or grad_average=nccl.");
-    copies_unavailable_ = why_not;
+  // The copy engines (copy_engine_mean.h), where mover_ asks for them
+  // and they can average these buckets; else NCCL or Gloo.
+  void start_copy_engines(const AveragingOptions::MeanOf& mean_of) {
+    std::vector<std::pair<int64_t, torch::TensorOptions>> buckets;
+    for (const Bucket& b : buckets_)
+      buckets.push_back({b.values, b.options});
+    const std::string ruled_out = sharded_ ? "zero_stage=1 reduce-scatters them"
+        : reduce_dtype_ != torch::kFloat32
+        ? "grad_reduce_dtype=bfloat16 sends them in bfloat16"
+        : "";
+    copies_ = detail::CopyEngineMean::choose(
+        mover_, buckets, ruled_out, mean_of, copies_unavailable_);
   }
 
   void leave_sink() {

@@ -111,6 +111,13 @@ struct AveragingOptions {
   // no SMs while they send (dist/copy_engine_mean.h).
   enum class Mover { automatic, nccl, copy_engines };
   Mover mover = Mover::automatic;
+  // Where the copy engines average: out = the mean of parts (a bucket's
+  // share from every rank, summed in rank order, then times 1 / ranks).
+  // train passes ops::mean_of (one CUDA pass; dist does not include ops);
+  // unset, the sum and the division are ATen's ops.
+  using MeanOf = std::function<
+      void(torch::Tensor& out, const std::vector<torch::Tensor>& parts)>;
+  MeanOf mean_of;
 };
 // The Mover a grad_average setting names ("auto", "nccl", "copy_engines").
 AveragingOptions::Mover mover_named(const std::string& name);

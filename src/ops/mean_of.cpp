@@ -16,13 +16,13 @@ torch::Tensor mean_of_reference(const std::vector<torch::Tensor>& parts) {
 }
 
 void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts) {
-  TORCH_CHECK(!parts.empty(), "mean_of: no parts");
+  TORCH_CHECK(!parts.empty(), "[mean_of] no parts to average");
   for (const auto& p : parts)
     TORCH_CHECK(
         p.sizes() == out.sizes() && p.scalar_type() == torch::kFloat32 &&
             out.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
             out.is_contiguous() && p.device() == out.device(),
-        "mean_of: parts of out's size, float32, contiguous, on its device");
+        "[mean_of] every part must be of out's size, float32, contiguous and on its device");
 #ifdef ORCHARD_CUDA_KERNELS
   auto aligned = [](const torch::Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;

@@ -8,6 +8,7 @@
 #include "core/progress.h"
 #include "core/torch_compat.h"
 #include "dist/world.h"
+#include "ops/mean_of.h"
 #include "train/schedule.h"
 #include "train/sharded_optimizer.h"
 #include "train/step_trace.h"
@@ -163,7 +164,8 @@ void Trainer::make_averager() {
       .same_rows_on_every_rank = task_.same_shapes_on_every_rank,
       .reduce_dtype = opt_.grad_reduce_dtype,
       .bucket_bytes = opt_.bucket_cap_mb << 20,
-      .mover = opt_.grad_average};
+      .mover = opt_.grad_average,
+      .mean_of = ops::mean_of};
   if (opt_.zero_stage < 1) {
     averager_ = dist::GradientAverager::make(trained, sends);
     return;
