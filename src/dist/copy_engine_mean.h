@@ -8,9 +8,10 @@
 // Each rank owns one share of every bucket. Once every rank has made the
 // bucket (a barrier on the signal pads), each pulls the other ranks'
 // values of its own share into a scratch space, sums them in rank order
-// and divides (the one kernel it runs, over 1/world of the bucket); after a
-// second barrier it pulls the other shares' means. That moves the bytes a
-// ring all-reduce moves; every rank ends with the same bits.
+// and divides (its one pass over the values, over 1/world of the bucket;
+// the barriers are a block each); after a second barrier it pulls the
+// other shares' means. That moves the bytes a ring all-reduce moves; every
+// rank ends with the same bits.
 #pragma once
 
 #include "dist/world.h"
