@@ -8,6 +8,7 @@
 
 #include "core/torch_compat.h"
 
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -26,6 +27,9 @@ namespace orchard::dist::detail {
 // Runs a collective; a broken group (a rank died, the network failed)
 // becomes a UserError naming `what` and saying that checkpoints are intact.
 void collective(const std::string& what, const std::function<void()>& fn);
+
+// An exception's first line, without c10's backtrace.
+std::string why_of(const std::exception& e);
 
 #if defined(ORCHARD_HAVE_C10D)
 // The group init() joined (call only while dist::active()).

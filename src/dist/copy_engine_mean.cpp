@@ -207,24 +207,19 @@ std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
   why_not.clear();
   if (mover == Mover::nccl || buckets.empty())
     return nullptr;
+  // The first reason against, from the settings to the machine.
   const torch::Device device = buckets[0].second.device();
-  if (!device.is_cuda()) {
-    if (mover == Mover::copy_engines)
-      throw UserError(
-          "grad_average=copy_engines needs CUDA devices; these gradients "
-          "are on " +
-          device.str() +
-          " (Gloo sends them). Use grad_average=auto or grad_average=nccl.");
-    return nullptr;
-  }
   std::vector<int64_t> values;
+  why_not = ruled_out;
   for (const auto& [n, options] : buckets) {
-    if (options.dtype() != torch::kFloat32 || options.device() != device)
+    if (why_not.empty() &&
+        (options.dtype() != torch::kFloat32 || options.device() != device))
       why_not = "the gradients are not all float32 on one device";
     values.push_back(n);
   }
-  if (!ruled_out.empty())
-    why_not = ruled_out;
+  if (why_not.empty() && !device.is_cuda())
+    why_not = "they are on " + device.str() +
+        ", where Gloo sends them; the copy engines are CUDA GPUs'";
   if (why_not.empty())
     why_not = unavailable(device);
   std::unique_ptr<CopyEngineMean> made;
@@ -233,8 +228,7 @@ std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
     try {
       made = map_buckets(values, device, mean_of);
     } catch (const std::exception& e) {
-      const std::string what = e.what();
-      failed = what.substr(0, what.find('\n'));
+      failed = why_of(e);
     }
     torch::Tensor mapped = torch::full(
         {1}, made ? 1.0 : 0.0, torch::TensorOptions().device(device));
@@ -251,6 +245,8 @@ std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
         why_not +
         "). Use grad_average=auto (copy engines where they can, else NCCL) "
         "or grad_average=nccl.");
+  if (!device.is_cuda())
+    why_not.clear(); // nothing to say where only Gloo could send
   return nullptr;
 }
 

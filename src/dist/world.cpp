@@ -27,6 +27,9 @@
 #endif
 
 namespace orchard::dist {
+
+using detail::why_of;
+
 namespace {
 
 // How long a rank waits for the others at the rendezvous.
@@ -50,17 +53,6 @@ struct World {
 World& world() {
   static World* w = new World;
   return *w;
-}
-
-std::string first_line(const std::string& s) {
-  return s.substr(0, s.find('\n'));
-}
-
-// An exception's first line, without c10's backtrace.
-std::string why_of(const std::exception& e) {
-  if (auto* c10 = dynamic_cast<const c10::Error*>(&e))
-    return first_line(c10->what_without_backtrace());
-  return first_line(e.what());
 }
 
 // Tensors grouped by dtype and device, in order, cut into buckets.
@@ -148,6 +140,15 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env) {
 } // namespace
 
 namespace detail {
+
+std::string why_of(const std::exception& e) {
+  const auto first_line = [](const std::string& s) {
+    return s.substr(0, s.find('\n'));
+  };
+  if (auto* c10 = dynamic_cast<const c10::Error*>(&e))
+    return first_line(c10->what_without_backtrace());
+  return first_line(e.what());
+}
 
 void collective(const std::string& what, const std::function<void()>& fn) {
   try {

@@ -895,18 +895,30 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
                  "auto|nccl|copy_engines"),
       std::string::npos)
       << r.err;
-  // The copy engines asked for where there are none (Gloo on the CPU):
-  // refused by every rank, saying what to set instead.
-  r = test::run_orchard(
-      c.launch(free_port(), c.train("x", 1, {"grad_average=copy_engines"})),
-      c.env);
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(
-      r.err.find("grad_average=copy_engines needs CUDA devices; these "
-                 "gradients are on cpu"),
-      std::string::npos)
-      << r.err;
-  EXPECT_NE(r.err.find("grad_average=auto"), std::string::npos) << r.err;
+  // The copy engines asked for where they cannot average: on the CPU
+  // (Gloo), and with settings that rule them out whatever the device.
+  // Refused by every rank, saying why and what to set instead.
+  for (const auto& [extra, why] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"zero_stage=0", "(they are on cpu, where Gloo sends them"},
+           {"zero_stage=1", "(zero_stage=1 reduce-scatters them)"},
+           {"grad_reduce_dtype=bfloat16",
+            "(grad_reduce_dtype=bfloat16 sends them in bfloat16)"}}) {
+    r = test::run_orchard(
+        c.launch(
+            free_port(), c.train("x", 1, {"grad_average=copy_engines", extra})),
+        c.env);
+    EXPECT_NE(r.exit_code, 0) << extra;
+    EXPECT_NE(
+        r.err.find(
+            "grad_average=copy_engines: the copy engines cannot "
+            "average these gradients " +
+            why),
+        std::string::npos)
+        << extra << ": " << r.err;
+    EXPECT_NE(r.err.find("[rank 0]"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("grad_average=auto"), std::string::npos) << r.err;
+  }
 
   // The measurement switch set to what it does not know: refused, not
   // read as "average everything" while saying otherwise.
