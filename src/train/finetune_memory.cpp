@@ -89,11 +89,13 @@ FinetuneMemory finetune_memory(
     // Where the copy engines may average them (float32, not sharded, not
     // grad_average=nccl; on CUDA only, counted alike): their scratch, the
     // largest bucket's share from every other rank.
-    const bool copies = !again && (lora ? 4 : b) == 4 &&
-        cfg.zero_stage < 1 && cfg.grad_average != "nccl";
-    const double scratch = copies
-        ? std::min(r.gradients, double(cfg.bucket_cap_mb << 20)) *
-            (world - 1) / world
+    const double scratch = copy_engines_may_average(
+                               (lora ? 4 : b) == 4,
+                               cfg.zero_stage,
+                               cfg.grad_reduce_dtype,
+                               cfg.grad_average)
+        ? copy_engine_scratch(
+              r.gradients, double(cfg.bucket_cap_mb << 20), world)
         : 0.0;
     r.gradients = r.gradients * (again ? 2.5 : 2) + scratch;
     if (cfg.zero_stage >= 1)

@@ -91,6 +91,23 @@ PlanModel plan_model_of(const models::GptConfig& c) {
   return m;
 }
 
+bool copy_engines_may_average(
+    bool float32_gradients,
+    int64_t zero_stage,
+    const std::string& grad_reduce_dtype,
+    const std::string& grad_average) {
+  return float32_gradients && zero_stage < 1 &&
+      grad_reduce_dtype != "bfloat16" && grad_average != "nccl";
+}
+
+double copy_engine_scratch(
+    double gradient_bytes,
+    double bucket_bytes,
+    int processes) {
+  return std::min(gradient_bytes, bucket_bytes) * (processes - 1) /
+      std::max(processes, 1);
+}
+
 MemoryEstimate estimate_memory(
     const PlanModel& m,
     const PlanSettings& s,
@@ -129,8 +146,7 @@ MemoryEstimate estimate_memory(
   }
   if (s.processes > 1) // the averager's flat buckets, allocated once
     e.gradients += (s.reduce_in_bfloat16 ? 6 : 4) * P +
-        std::min(s.copy_engine_bucket, 4 * P) * (s.processes - 1) /
-            s.processes;
+        copy_engine_scratch(4 * P, s.copy_engine_bucket, s.processes);
   if (s.processes > 1 && s.shard_optimizer) // each rank its share
     e.optimizer /= double(s.processes);
   return e;

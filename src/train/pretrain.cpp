@@ -183,8 +183,11 @@ PlanSettings plan_settings(
   s.reduce_in_bfloat16 =
       s.device == c10::DeviceType::CUDA && cfg.grad_reduce_dtype == "bfloat16";
   if (s.device == c10::DeviceType::CUDA && s.processes > 1 &&
-      !s.shard_optimizer && !s.reduce_in_bfloat16 &&
-      cfg.grad_average != "nccl")
+      copy_engines_may_average(
+          /*float32_gradients=*/true,
+          cfg.zero_stage,
+          cfg.grad_reduce_dtype,
+          cfg.grad_average))
     s.copy_engine_bucket = double(cfg.bucket_cap_mb << 20);
   return s;
 }

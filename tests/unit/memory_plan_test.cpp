@@ -155,6 +155,16 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
       finetune_memory(mc, cfg, torch::kFloat32, 2, 2).gradients,
       2 * one.gradients);
   cfg.grad_average = "auto";
+  // What rules the copy engines out, and their scratch with more processes:
+  // the largest bucket's share from each of the three others.
+  EXPECT_TRUE(copy_engines_may_average(true, 0, "float32", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(false, 0, "float32", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(true, 1, "float32", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(true, 0, "bfloat16", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(true, 0, "float32", "nccl"));
+  EXPECT_EQ(copy_engine_scratch(400.0, 100.0, 4), 75.0);
+  EXPECT_EQ(copy_engine_scratch(40.0, 100.0, 4), 30.0);
+  EXPECT_EQ(copy_engine_scratch(40.0, 100.0, 1), 0.0);
   EXPECT_EQ(two.optimizer, one.optimizer);
   cfg.zero_stage = 1;
   const auto sharded = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
