@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/gradient_sink.h"
+#include "dist/bucket_regions.h"
 #include "dist/c10d_group.h"
 #include "dist/copy_engine_mean.h"
 
@@ -76,7 +77,6 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
               region_cap_,
               2 * s.param.numel() * int64_t(s.param.element_size()));
     const int64_t cap = region_cap_ * (sharded ? size() : 1);
-    owned_.assign(size_t(size()), 0);
     std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
       const torch::Tensor& p = it->param;
@@ -98,18 +98,28 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
     }
-    start_copy_engines(options.mean_of);
+    std::vector<int64_t> owned(size_t(size()), 0); // values each rank steps
+    for (Bucket& b : buckets_) {
+      if (sharded_) { // one region a rank (bucket_regions.h)
+        std::vector<std::pair<int64_t, bool>> sizes;
+        for (size_t i : b.slots)
+          sizes.push_back({slots_[i].param.numel(), slots_[i].whole});
+        detail::Regions laid = detail::lay_out_regions(sizes, owned);
+        b.region = laid.region;
+        b.values = laid.region * size();
+        for (size_t k = 0; k < b.slots.size(); ++k)
+          slots_[b.slots[k]].segments = std::move(laid.segments[k]);
+        continue;
+      }
+      int64_t at = 0;
+      for (size_t i : b.slots) {
+        slots_[i].segments.push_back({0, slots_[i].param.numel(), at, -1});
+        at += slots_[i].param.numel();
+      }
+    }
+    start_copy_engines(options.mean_of); // the buckets' sizes now final
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       Bucket& b = buckets_[bi];
-      if (sharded_) {
-        lay_out_regions(b);
-      } else {
-        int64_t at = 0;
-        for (size_t i : b.slots) {
-          slots_[i].segments.push_back({0, slots_[i].param.numel(), at, -1});
-          at += slots_[i].param.numel();
-        }
-      }
       // Zeros: a region's padding is never written and sums to zero.
       b.flat =
           copies_ ? copies_->bucket(bi) : torch::zeros({b.values}, b.options);
@@ -404,12 +414,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   }
 
  private:
-  // Part of a parameter's flattened elements at `offset` in its bucket,
-  // stepped by rank `owner` (-1: not sharded).
-  struct Segment {
-    int64_t begin, length, offset;
-    int owner;
-  };
+  using Segment = detail::Segment;
   struct Slot {
     std::string name;
     torch::Tensor param;
@@ -463,63 +468,6 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f %%", 100.0 * x);
     return buf;
-  }
-
-  // Cuts bucket b into one region per rank, all of one length: whole
-  // parameters first, largest first, each to the least filled region (of
-  // equal ones, the rank that owns least so far, so that ties do not all
-  // go to rank 0); the others poured in order into what is left, split
-  // where a region fills.
-  void lay_out_regions(Bucket& b) {
-    const int world = size();
-    std::vector<int64_t> filled(size_t(world), 0);
-    std::vector<size_t> whole;
-    int64_t total = 0;
-    for (size_t i : b.slots) {
-      total += slots_[i].param.numel();
-      if (slots_[i].whole)
-        whole.push_back(i);
-    }
-    std::stable_sort(whole.begin(), whole.end(), [&](size_t x, size_t y) {
-      return slots_[x].param.numel() > slots_[y].param.numel();
-    });
-    std::vector<std::pair<size_t, int>> whole_owner;
-    for (size_t i : whole) {
-      int r = 0;
-      for (int k = 1; k < world; ++k)
-        if (std::pair(filled[size_t(k)], owned_[size_t(k)]) <
-            std::pair(filled[size_t(r)], owned_[size_t(r)]))
-          r = k;
-      whole_owner.push_back({i, r});
-      filled[size_t(r)] += slots_[i].param.numel();
-    }
-    b.region = std::max(
-        *std::max_element(filled.begin(), filled.end()),
-        (total + world - 1) / world);
-    b.values = b.region * world;
-    std::vector<int64_t> at(size_t(world), 0);
-    for (const auto& [i, r] : whole_owner) {
-      const int64_t n = slots_[i].param.numel();
-      slots_[i].segments.push_back({0, n, b.region * r + at[size_t(r)], r});
-      at[size_t(r)] += n;
-    }
-    int r = 0;
-    for (size_t i : b.slots) {
-      if (slots_[i].whole)
-        continue;
-      const int64_t n = slots_[i].param.numel();
-      for (int64_t begin = 0; begin < n;) {
-        while (at[size_t(r)] == b.region)
-          ++r;
-        const int64_t take = std::min(n - begin, b.region - at[size_t(r)]);
-        slots_[i].segments.push_back(
-            {begin, take, b.region * r + at[size_t(r)], r});
-        at[size_t(r)] += take;
-        begin += take;
-      }
-    }
-    for (int k = 0; k < world; ++k)
-      owned_[size_t(k)] += at[size_t(k)];
   }
 
   torch::Tensor region(const Bucket& b, int r) const {
@@ -757,7 +705,6 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   int64_t gathered_bytes_ = 0, gathered_weight_bytes_ = 0;
   std::string skip_;           // ORCHARD_TEST_SKIP_BUCKETS
   int64_t region_cap_ = 0;     // bytes of a rank's region (sharded)
-  std::vector<int64_t> owned_; // values each rank steps, so far
   std::vector<Slot> slots_;
   std::unordered_map<std::intptr_t, size_t> slot_of_key_;
   std::vector<Bucket> buckets_;
