@@ -5,7 +5,8 @@
 #   1. Same weights: a small GPT trained by one process and by two
 #      (`orchard launch --nproc-per-node 2`) with the same total batch, in
 #      float32; the largest weight difference is printed (tolerance 2e-4,
-#      as tests/e2e/distributed_test.cpp on the CPU).
+#      as tests/e2e/distributed_test.cpp on the CPU). On CUDA twice: the
+#      default (the copy engines average) and grad_average=nccl.
 #   1b. The same for stage=trm (the quick Sudoku model): weights after 4
 #      steps, the puzzles in flight after 8.
 #   1c. The same with zero_stage=1 (ZeRO-1: two ranks, each with half the
@@ -109,6 +110,13 @@ if want same; then
   $O launch --nproc-per-node 2 --master-port 29561 -- $SMALL run_dir=$W/two \
     > $OUT/same_two.log 2>&1 || { status=1; tail -20 $OUT/same_two.log; }
   same_weights "same weights, 1 vs 2 processes" one two
+  grep -h "Gradient averaging" $OUT/same_two.log | head -1
+  # On CUDA the default averages by the copy engines: NCCL's kernels too.
+  if [ "$DEV" = cuda ]; then
+    $O launch --nproc-per-node 2 --master-port 29568 -- $SMALL grad_average=nccl run_dir=$W/two_nccl \
+      > $OUT/same_two_nccl.log 2>&1 || { status=1; tail -20 $OUT/same_two_nccl.log; }
+    same_weights "same weights, 1 vs 2 processes, grad_average=nccl" one two_nccl
+  fi
   if [ "${GRAD_REDUCE:-float32}" = bfloat16 ]; then
     $O launch --nproc-per-node 2 --master-port 29567 -- $SMALL grad_reduce_dtype=bfloat16 run_dir=$W/two16 \
       > $OUT/same_two16.log 2>&1 || { status=1; tail -20 $OUT/same_two16.log; }

@@ -22,7 +22,8 @@ void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts) {
         p.sizes() == out.sizes() && p.scalar_type() == torch::kFloat32 &&
             out.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
             out.is_contiguous() && p.device() == out.device(),
-        "[mean_of] every part must be of out's size, float32, contiguous and on its device");
+        "[mean_of] every part must be of out's size, float32, contiguous "
+        "and on its device");
 #ifdef ORCHARD_CUDA_KERNELS
   auto aligned = [](const torch::Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
