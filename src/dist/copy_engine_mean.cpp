@@ -84,6 +84,9 @@ class SymmetricMean final : public CopyEngineMean {
     all_ = sm::empty_strided_p2p(
         {total}, {1}, torch::kFloat32, device, kGroup, std::nullopt);
     all_.zero_(); // a share's padding is never written and sums to zero
+    squares_ = torch::zeros(
+        {int64_t(buckets_.size())},
+        torch::TensorOptions().dtype(torch::kFloat32).device(device));
     memory_ = sm::rendezvous(all_, kGroup);
     for (int p = 0; p < world_; ++p)
       peer_.push_back(
@@ -115,15 +118,19 @@ class SymmetricMean final : public CopyEngineMean {
       part[size_t(p)].copy_(peer_[size_t(p)].narrow(0, mine, k.share));
     }
     // Summed in rank order (each share is made once and copied, so every
-    // rank ends with its bits).
+    // rank ends with its bits); the squares of the share's mean too, for
+    // the gradient norm.
+    torch::Tensor squares;
     if (mean_of_) {
-      mean_of_(own, part);
+      mean_of_(own, part, &squares);
     } else {
       torch::add_out(own, part[0], part[1]);
       for (size_t p = 2; p < part.size(); ++p)
         own.add_(part[p]);
       own.mul_(1.0 / double(world_));
+      squares = own.square().sum().reshape({1});
     }
+    squares_.narrow(0, int64_t(b), 1).copy_(squares);
     memory_->barrier(0, kBarrierTimeoutMs); // every share is its mean
     for (int p = 0; p < world_; ++p)
       if (p != me_) {
@@ -135,15 +142,23 @@ class SymmetricMean final : public CopyEngineMean {
   }
 
   void finish() override {
+    total_ = torch::Tensor();
     if (!sent_)
       return;
     sent_ = false;
     {
       c10::cuda::CUDAStreamGuard on(stream_);
       memory_->barrier(0, kBarrierTimeoutMs); // every rank has read mine
+      // A bucket not sent this step counts nothing.
+      total_ = squares_.sum().reshape({1});
+      squares_.zero_();
       done_.record(stream_);
     }
     done_.block(c10::cuda::getCurrentCUDAStream());
+  }
+
+  torch::Tensor share_squares() const override {
+    return total_;
   }
 
  private:
@@ -160,6 +175,9 @@ class SymmetricMean final : public CopyEngineMean {
   std::vector<torch::Tensor> peer_; // each rank's all_, mapped here
   at::cuda::CUDAEvent made_, done_;
   bool sent_ = false;
+  // Each bucket's share's sum of squared means (zero where not sent since
+  // the last finish), and their total (share_squares).
+  torch::Tensor squares_, total_;
 };
 
 } // namespace

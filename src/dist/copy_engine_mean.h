@@ -55,6 +55,10 @@ class CopyEngineMean {
   // and for every rank to have read this rank's buckets (so that the next
   // backward may write them).
   virtual void finish() = 0;
+  // After finish(): the sum of the squares of the means in this rank's
+  // shares of the buckets sent since the finish before (one float32 value
+  // on the device); undefined where none was sent.
+  virtual torch::Tensor share_squares() const = 0;
 };
 
 } // namespace orchard::dist::detail

@@ -190,6 +190,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     sent_low_ = false;
     gathered_ = 0;
     gathered_bytes_ = 0;
+    squares_whole_ = copies_ != nullptr;
     for (auto& s : slots_)
       s.ready = s.given = s.gathered = false;
     set_gradient_sink(this);
@@ -357,6 +358,17 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
                 .narrow(0, g.begin, g.length)
                 .copy_(in_bucket(slots_[i], g));
     }
+  }
+
+  torch::Tensor share_squares() const override {
+    return copies_ && squares_whole_ ? copies_->share_squares()
+                                     : torch::Tensor();
+  }
+
+  bool in_share_squares(const torch::Tensor& param) const override {
+    const auto found = slot_of_key_.find(weight_key(param));
+    return copies_ && squares_whole_ && found != slot_of_key_.end() &&
+        !slots_[found->second].gathered;
   }
 
   std::string describe() const override {
@@ -614,9 +626,15 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       }
       if (skip_ == "all" || (skip_ == "last" && next_ + 1 == buckets_.size())) {
         b.work.reset(); // measurement only: ranks' gradients not averaged
+        squares_whole_ = false;
         ++next_;
         continue;
       }
+      bool some_gathered = false; // its place in the bucket is not the mean
+      for (size_t i : b.slots)
+        some_gathered = some_gathered || slots_[i].gathered;
+      if (some_gathered)
+        squares_whole_ = false;
       sent_in_backward_ += in_backward ? 1 : 0;
       if (copies_) {
         copies_->send(next_);
@@ -707,6 +725,10 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   int64_t region_cap_ = 0;     // bytes of a rank's region (sharded)
   std::vector<Slot> slots_;
   std::unordered_map<std::intptr_t, size_t> slot_of_key_;
+  // This step's buckets all averaged by the copy engines, none holding a
+  // gathered gradient: their squares (share_squares) count every bucketed
+  // gradient.
+  bool squares_whole_ = false;
   std::vector<Bucket> buckets_;
   std::vector<ShardPiece> pieces_;
   // Each piece's bucket and offset in it, and its parameter's slot.

@@ -112,11 +112,14 @@ struct AveragingOptions {
   enum class Mover { automatic, nccl, copy_engines };
   Mover mover = Mover::automatic;
   // Where the copy engines average: out = the mean of parts (a bucket's
-  // share from every rank, summed in rank order, then times 1 / ranks).
-  // train passes ops::mean_of (one CUDA pass; dist does not include ops);
-  // unset, the sum and the division are ATen's ops.
-  using MeanOf = std::function<
-      void(torch::Tensor& out, const std::vector<torch::Tensor>& parts)>;
+  // share from every rank, summed in rank order, then times 1 / ranks),
+  // and into *squares (where given) the sum of the squares of out's values
+  // (a float32 tensor of one value). train passes ops::mean_of (one CUDA
+  // pass; dist does not include ops); unset, ATen's ops.
+  using MeanOf = std::function<void(
+      torch::Tensor& out,
+      const std::vector<torch::Tensor>& parts,
+      torch::Tensor* squares)>;
   MeanOf mean_of;
 };
 // The Mover a grad_average setting names ("auto", "nccl", "copy_engines").
@@ -143,6 +146,21 @@ class GradientAverager {
   // What the last step did: how many buckets, and how many of them were
   // sent while the backward still ran.
   virtual std::string describe() const = 0;
+  // After finish(), where the copy engines averaged every bucket that had
+  // anything to average: the sum of the squares of the mean gradients in
+  // this rank's shares of the buckets, made as they were averaged (a
+  // float32 tensor of one value; the sum over the ranks is that of every
+  // bucketed gradient). Undefined otherwise: the caller then reads the
+  // gradients for their norm.
+  virtual torch::Tensor share_squares() const {
+    return {};
+  }
+  // Whether share_squares() counts `param`'s gradient (a parameter whose
+  // mean sits in a bucket, not one gathered whole).
+  virtual bool in_share_squares(const torch::Tensor& param) const {
+    (void)param;
+    return false;
+  }
 };
 
 // The sum over the ranks, in place.

@@ -2,6 +2,8 @@
 
 #include "ops/kernel_call.h"
 
+#include <algorithm>
+
 #ifdef ORCHARD_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #endif
@@ -15,7 +17,10 @@ torch::Tensor mean_of_reference(const std::vector<torch::Tensor>& parts) {
   return sum.mul_(1.0 / double(parts.size()));
 }
 
-void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts) {
+void mean_of(
+    torch::Tensor& out,
+    const std::vector<torch::Tensor>& parts,
+    torch::Tensor* squares) {
   TORCH_CHECK(!parts.empty(), "[mean_of] no parts to average");
   for (const auto& p : parts)
     TORCH_CHECK(
@@ -37,6 +42,12 @@ void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts) {
   }
   if (fused) {
     const c10::cuda::CUDAGuard on_device(out.device());
+    torch::Tensor partials;
+    if (squares)
+      partials = torch::empty(
+          {std::max(1, cuda::mean_of_blocks(out.numel()))}, out.options());
+    if (squares && out.numel() == 0)
+      partials.zero_();
     kernel::check(
         cuda::mean_of(
             at.data(),
@@ -44,12 +55,17 @@ void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts) {
             out.data_ptr<float>(),
             out.numel(),
             float(1.0 / double(parts.size())),
+            squares ? partials.data_ptr<float>() : nullptr,
             kernel::stream_of(out)),
         "mean_of");
+    if (squares) // the blocks' sums, added in block order
+      *squares = partials.sum().reshape({1});
     return;
   }
 #endif
   out.copy_(mean_of_reference(parts));
+  if (squares)
+    *squares = out.square().sum().reshape({1});
 }
 
 } // namespace orchard::ops

@@ -16,7 +16,12 @@ namespace orchard::ops {
 torch::Tensor mean_of_reference(const std::vector<torch::Tensor>& parts);
 
 // Writes the mean into out (which may be one of the parts); every tensor
-// float32, contiguous, of out's size.
-void mean_of(torch::Tensor& out, const std::vector<torch::Tensor>& parts);
+// float32, contiguous, of out's size. With `squares`, also the sum of the
+// squares of out's values, as a float32 tensor of one value on out's
+// device (on CUDA from the same pass, the same bits every time).
+void mean_of(
+    torch::Tensor& out,
+    const std::vector<torch::Tensor>& parts,
+    torch::Tensor* squares = nullptr);
 
 } // namespace orchard::ops

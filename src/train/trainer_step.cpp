@@ -135,6 +135,10 @@ torch::Tensor Trainer::gradients(
   }
   torch::NoGradGuard no_grad;
   torch::Tensor stop;
+  // The squares of the gradients the copy engines averaged, summed as they
+  // averaged them (dist::GradientAverager::share_squares): those are not
+  // read again for the norm.
+  torch::Tensor bucket_squares;
   if (averager_) {
     // Several processes: the mean gradient (sent during the last backward)
     // and loss over the ranks, and whether any rank was asked to stop (all
@@ -142,12 +146,19 @@ torch::Tensor Trainer::gradients(
     averager_->finish();
     stop = stop_flag_.to(
         loss_sum.options(), /*non_blocking=*/false, /*copy=*/true);
-    if (!shard_optimizers_) // sharded: below, with the gradient norm
+    if (scale == 1.0 && !shard_optimizers_)
+      bucket_squares = averager_->share_squares();
+    if (bucket_squares.defined()) { // each rank's shares: the mean, times n
+      dist::all_reduce_mean({loss_sum, stop, bucket_squares});
+      bucket_squares = bucket_squares * double(dist::size());
+    } else if (!shard_optimizers_) { // sharded: below, with the norm
       dist::all_reduce_mean({loss_sum, stop});
+    }
   }
   std::vector<torch::Tensor> grads;
   for (const auto& p : stepper().parameters())
-    if (p.grad().defined())
+    if (p.grad().defined() &&
+        !(bucket_squares.defined() && averager_->in_share_squares(p)))
       grads.push_back(p.grad());
   if (scale != 1.0 && !grads.empty())
     at::_foreach_mul_(grads, 1.0 / scale);
@@ -160,11 +171,13 @@ torch::Tensor Trainer::gradients(
       norms.push_back(g.norm(2));
   for (auto& n : norms)
     n = n.to(torch::kFloat32);
+  torch::Tensor norm = norms.empty()
+      ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
+      : torch::stack(norms).norm(2).reshape({1});
+  if (bucket_squares.defined())
+    norm = (norm.square() + bucket_squares).sqrt();
   std::vector<torch::Tensor> read = {
-      norms.empty()
-          ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
-          : torch::stack(norms).norm(2).reshape({1}),
-      loss_sum.to(torch::kFloat32).reshape({1})};
+      norm, loss_sum.to(torch::kFloat32).reshape({1})};
   if (stop.defined())
     read.push_back(stop.to(torch::kFloat32).reshape({1}));
   if (shard_optimizers_) {

@@ -446,7 +446,9 @@ TEST(DecodeOps, KernelsStartedEarlyReadTheResultsOfTheKernelsBefore) {
 
 // dist/copy_engine_mean.cpp's sum of a bucket's share: the parts summed in
 // order and scaled once, the kernel's bits those of the plain ops (float32
-// sums in the same order), out one of the parts or not.
+// sums in the same order), out one of the parts or not; and the sum of the
+// squares of the mean (the gradient norm's part) against float64, the same
+// bits every time.
 TEST(DecodeOps, MeanOfIsThePartsSummedInOrder) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(21);
@@ -455,9 +457,12 @@ TEST(DecodeOps, MeanOfIsThePartsSummedInOrder) {
   auto want =
       (a.to(torch::kFloat64) + b.to(torch::kFloat64) + c.to(torch::kFloat64)) /
       3;
-  torch::Tensor out = torch::empty({1000});
-  ops::mean_of(out, {a, b, c});
+  torch::Tensor out = torch::empty({1000}), squares;
+  ops::mean_of(out, {a, b, c}, &squares);
   EXPECT_LT(max_diff(out.to(torch::kFloat64), want), 1e-6);
+  ASSERT_EQ(squares.numel(), 1);
+  const double want_squares = want.square().sum().item<double>();
+  EXPECT_NEAR(squares.item<double>(), want_squares, 1e-5 * want_squares);
   EXPECT_THROW(ops::mean_of(out, {a, torch::randn({999})}), c10::Error);
   REQUIRE_KERNELS(cuda);
   for (int n : {1, 2, 3, 8})
@@ -470,6 +475,16 @@ TEST(DecodeOps, MeanOfIsThePartsSummedInOrder) {
       torch::Tensor into = torch::empty_like(parts[0]);
       ops::mean_of(into, parts);
       EXPECT_TRUE(torch::equal(into, expected)) << n << " parts of " << count;
+      const double want_sq =
+          expected.to(torch::kFloat64).square().sum().item<double>();
+      torch::Tensor sq, again;
+      ops::mean_of(into, parts, &sq);
+      EXPECT_TRUE(torch::equal(into, expected)) << n << " with the squares";
+      EXPECT_EQ(sq.device(), into.device());
+      EXPECT_NEAR(sq.item<double>(), want_sq, 1e-5 * want_sq + 1e-12)
+          << n << " parts of " << count;
+      ops::mean_of(into, parts, &again);
+      EXPECT_TRUE(torch::equal(sq, again)) << "the squares' bits, " << n;
       ops::mean_of(parts[0], parts); // in place, as the averager's share
       EXPECT_TRUE(torch::equal(parts[0], expected)) << n << " in place";
     }

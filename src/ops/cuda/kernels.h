@@ -403,13 +403,18 @@ int embedding_rows_backward(
 // out = scale * (parts[0] + parts[1] + ... + parts[n - 1]), float32,
 // summed in that order, for `count` values (a multiple of 4; every pointer
 // 16-byte aligned; out may be one of the parts). 1 <= n <= kMeanOfMaxParts.
+// With `squares` (mean_of_blocks(count) floats), block i writes the sum of
+// the squares of the values of out it made to squares[i], each time in
+// the same order.
 constexpr int kMeanOfMaxParts = 8;
+int mean_of_blocks(int64_t count);
 int mean_of(
     const float* const* parts,
     int n,
     float* out,
     int64_t count,
     float scale,
+    float* squares,
     void* stream);
 
 } // namespace orchard::ops::cuda
