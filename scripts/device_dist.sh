@@ -5,7 +5,8 @@
 #   1. Same weights: a small GPT trained by one process and by two
 #      (`orchard launch --nproc-per-node 2`) with the same total batch, in
 #      float32; the largest weight difference is printed (tolerance 2e-4,
-#      as tests/e2e/distributed_test.cpp on the CPU). On CUDA twice: the
+#      as tests/e2e/distributed_test.cpp on the CPU), and every step's
+#      gradient norm must agree within 1e-4 (relative). On CUDA twice: the
 #      default (the copy engines average) and grad_average=nccl.
 #   1b. The same for stage=trm (the quick Sudoku model): weights after 4
 #      steps, the puzzles in flight after 8.
@@ -28,7 +29,8 @@
 # ORCHARD_TEST_UNUSED_PARAMETER=1: a parameter no rank gives a gradient
 # must keep its value on two processes as on one).
 # PARTS picks what runs (default "same trm zero zbench bench grpo", grpo
-# on CUDA only; "zero" is 1c, "zbench" 2b, "grpo" 3). NCCL_MAX_NCHANNELS etc. pass through.
+# on CUDA only; "zero" is 1c, "zbench" 2b, "grpo" 3; "kill", 4, only when
+# named). NCCL_MAX_NCHANNELS etc. pass through.
 # TRACE_STEP=N-M (bench, CUDA): also traces those steps of one process and
 # of both ranks of two (ORCHARD_TRACE); summaries in $OUT/dist_trace.txt.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
@@ -98,9 +100,17 @@ a, b = load(sys.argv[2]), load(sys.argv[3])
 blocks = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a if k.startswith("blocks."))
 diffs = sorted(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
 p99 = diffs[int(0.99 * len(diffs))]
-ok = blocks < 2e-4 and p99 < 1e-5
+# Every step's gradient norm (the copy engines sum its squares as they
+# average; one process reads the gradients) within float rounding too.
+def norms(p):
+    run = p.rsplit("/checkpoints/", 1)[0]
+    return [json.loads(l)["grad_norm"] for l in open(run + "/metrics.jsonl") if '"grad_norm"' in l]
+na, nb = norms(sys.argv[2]), norms(sys.argv[3])
+norm_rel = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(na, nb)) if na and len(na) == len(nb) else float("inf")
+ok = blocks < 2e-4 and p99 < 1e-5 and norm_rel < 1e-4
 print(json.dumps({"check": sys.argv[1], "blocks_max_abs_diff": blocks,
-                  "all_p99_abs_diff": p99, "all_max_abs_diff": diffs[-1], "ok": ok}))
+                  "all_p99_abs_diff": p99, "all_max_abs_diff": diffs[-1],
+                  "grad_norm_max_rel_diff": norm_rel, "ok": ok}))
 sys.exit(0 if ok else 1)
 PY
   [ ${PIPESTATUS[0]} = 0 ] || status=1
@@ -250,6 +260,31 @@ BIG="train --device $DEV data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=$DEPTH 
   optimizer=${OPTIM:-adamw} device_batch_size=$B num_iterations=$STEPS eval_every=0 sample_every=0 save_every=0
   eval_tokens=$((B * T))"
 peak() { grep -h "^Peak memory" "$1" | head -1; }
+# 4. (PARTS=kill, CUDA) One rank killed (SIGKILL) while the copy engines
+# average the buckets: `orchard launch` must stop the other one (it waits
+# in a GPU barrier of up to 10 minutes otherwise) and exit non-zero, saying
+# which rank died. The seconds from the kill to the launcher's exit too.
+if want kill && [ "$DEV" = cuda ]; then
+  rm -rf $W/kill
+  $O launch --nproc-per-node 2 --master-port 29569 -- ${BIG/num_iterations=$STEPS/num_iterations=100000} \
+    total_batch_size=$((2 * B * T)) run_dir=$W/kill > $OUT/kill.log 2>&1 &
+  launcher=$!
+  for _ in $(seq 120); do grep -q "^step [0-9]*/" $OUT/kill.log 2>/dev/null && break; sleep 1; done
+  sleep 5 # well into training
+  victim=""
+  for p in $(pgrep -f "num_iterations=100000"); do
+    [ "$p" != "$launcher" ] && tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && victim=$p
+  done
+  t0=$(date +%s.%N); [ -n "$victim" ] && kill -9 $victim
+  wait $launcher; rc=$?; t1=$(date +%s.%N)
+  said=$(grep -h "^orchard launch: rank" $OUT/kill.log | head -1)
+  left=$(pgrep -f "num_iterations=100000" | wc -l)
+  ok=false; [ -n "$victim" ] && [ $rc != 0 ] && [ "$left" = 0 ] && [[ "$said" == *"rank 1"* ]] && ok=true
+  $PY -c "import json,sys; print(json.dumps({'check': 'rank 1 killed mid-training (copy engines)', 'launcher_exit': $rc,
+    'seconds_to_exit': round($t1 - $t0, 2), 'processes_left': $left, 'message': sys.argv[1], 'ok': '$ok' == 'true'}))" "$said" \
+    | tee -a "$RESULT/dist_bench.jsonl"
+  [ $ok = true ] || status=1
+fi
 if want zbench; then
   for z in 0 1; do
     $O launch --nproc-per-node 2 --master-port 29566 -- $BIG total_batch_size=$((2 * B * T)) zero_stage=$z run_dir=$W/bz$z \
