@@ -47,6 +47,7 @@ struct Child {
   int rank = 0;
   int err_fd = -1;     // read end of its stderr
   std::string partial; // stderr text after the last newline
+  bool wrote = false;  // anything on stderr at all
   bool running = true;
 };
 
@@ -117,6 +118,7 @@ void drain(Child& c, bool flush_partial) {
     ssize_t n = ::read(c.err_fd, buf, sizeof buf);
     if (n <= 0)
       break;
+    c.wrote = true;
     c.partial.append(buf, size_t(n));
   }
   size_t nl;
@@ -198,6 +200,7 @@ int run_launch(const Settings& s) {
   }
   int result = 0;
   std::string failure; // the first rank that failed, and how
+  std::string where;   // where its own account of it is, if anywhere
   time_t kill_at = 0;  // SIGKILL the rest after this time
   int running = s.nproc;
   auto stop_others = [&](int sig) {
@@ -234,6 +237,12 @@ int run_launch(const Settings& s) {
         if (code != 0 && failure.empty()) {
           failure =
               "rank " + std::to_string(c.rank) + " " + how_it_ended(status);
+          where = c.wrote ? "its error is above, marked [rank " +
+                  std::to_string(c.rank) + "]"
+              : WIFSIGNALED(status)
+              ? "it printed nothing: stopped from outside, e.g. by the "
+                "out-of-memory killer (see dmesg) or a kill command"
+              : "it printed nothing on stderr";
           result = code;
           if (running > 0) {
             std::fprintf(
@@ -255,9 +264,7 @@ int run_launch(const Settings& s) {
   sigaction(SIGTERM, &old_term, nullptr);
   if (!failure.empty())
     std::fprintf(
-        stderr,
-        "orchard launch: %s (its error is above, marked [rank N]).\n",
-        failure.c_str());
+        stderr, "orchard launch: %s (%s).\n", failure.c_str(), where.c_str());
   return result;
 }
 
