@@ -121,15 +121,7 @@ class SymmetricMean final : public CopyEngineMean {
     // rank ends with its bits); the squares of the share's mean too, for
     // the gradient norm.
     torch::Tensor squares;
-    if (mean_of_) {
-      mean_of_(own, part, &squares);
-    } else {
-      torch::add_out(own, part[0], part[1]);
-      for (size_t p = 2; p < part.size(); ++p)
-        own.add_(part[p]);
-      own.mul_(1.0 / double(world_));
-      squares = own.square().sum().reshape({1});
-    }
+    mean_of_(own, part, &squares);
     squares_.narrow(0, int64_t(b), 1).copy_(squares);
     memory_->barrier(0, kBarrierTimeoutMs); // every share is its mean
     for (int p = 0; p < world_; ++p)
@@ -238,6 +230,8 @@ std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
   if (why_not.empty() && !device.is_cuda())
     why_not = "they are on " + device.str() +
         ", where Gloo sends them; the copy engines are CUDA GPUs'";
+  if (why_not.empty() && !mean_of)
+    why_not = "no kernel for the mean was given to the averager";
   if (why_not.empty())
     why_not = unavailable(device);
   std::unique_ptr<CopyEngineMean> made;

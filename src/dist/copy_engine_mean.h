@@ -31,10 +31,11 @@ class CopyEngineMean {
   // engines for buckets of these many values with these options, where
   // `mover` asks for them (automatic or copy_engines) and they can serve:
   // float32 buckets on one CUDA device, nothing in `ruled_out` (the
-  // averager's reason against, e.g. zero_stage=1), NCCL, every rank on
-  // this host, symmetric memory in this build, and every rank's mapping
-  // of the others' memory done (it fails where the GPUs have no peer
-  // access; the ranks agree by one all-reduce, so all send alike). Their
+  // averager's reason against, e.g. zero_stage=1), `mean_of` set, NCCL,
+  // every rank on this host, symmetric memory in this build, and every
+  // rank's mapping of the others' memory done (it fails where the GPUs
+  // have no peer access; the ranks agree by one all-reduce, so all send
+  // alike). Their
   // buckets are zeros. Else null, with why not in `why_not` on CUDA (""
   // where NCCL was asked for or the buckets are on the CPU); a UserError
   // saying why where copy_engines was asked for.

@@ -115,7 +115,8 @@ struct AveragingOptions {
   // share from every rank, summed in rank order, then times 1 / ranks),
   // and into *squares (where given) the sum of the squares of out's values
   // (a float32 tensor of one value). train passes ops::mean_of (one CUDA
-  // pass; dist does not include ops); unset, ATen's ops.
+  // pass; dist does not include ops); unset, the copy engines are not
+  // used.
   using MeanOf = std::function<void(
       torch::Tensor& out,
       const std::vector<torch::Tensor>& parts,

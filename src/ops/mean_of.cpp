@@ -2,8 +2,6 @@
 
 #include "ops/kernel_call.h"
 
-#include <algorithm>
-
 #ifdef ORCHARD_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #endif
@@ -29,6 +27,11 @@ void mean_of(
             out.is_contiguous() && p.device() == out.device(),
         "[mean_of] every part must be of out's size, float32, contiguous "
         "and on its device");
+  if (out.numel() == 0) {
+    if (squares)
+      *squares = torch::zeros({1}, out.options());
+    return;
+  }
 #ifdef ORCHARD_CUDA_KERNELS
   auto aligned = [](const torch::Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
@@ -42,12 +45,10 @@ void mean_of(
   }
   if (fused) {
     const c10::cuda::CUDAGuard on_device(out.device());
-    torch::Tensor partials;
+    torch::Tensor partials; // each block's sum of squares
     if (squares)
-      partials = torch::empty(
-          {std::max(1, cuda::mean_of_blocks(out.numel()))}, out.options());
-    if (squares && out.numel() == 0)
-      partials.zero_();
+      partials =
+          torch::empty({cuda::mean_of_blocks(out.numel())}, out.options());
     kernel::check(
         cuda::mean_of(
             at.data(),

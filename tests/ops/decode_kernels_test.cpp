@@ -464,6 +464,9 @@ TEST(DecodeOps, MeanOfIsThePartsSummedInOrder) {
   const double want_squares = want.square().sum().item<double>();
   EXPECT_NEAR(squares.item<double>(), want_squares, 1e-5 * want_squares);
   EXPECT_THROW(ops::mean_of(out, {a, torch::randn({999})}), c10::Error);
+  torch::Tensor none = torch::empty({0}), no_squares;
+  ops::mean_of(none, {torch::empty({0}), torch::empty({0})}, &no_squares);
+  EXPECT_EQ(no_squares.item<double>(), 0.0); // an empty share adds nothing
   REQUIRE_KERNELS(cuda);
   for (int n : {1, 2, 3, 8})
     for (int64_t count : {int64_t(4), int64_t(1) << 22, int64_t(262148)}) {
