@@ -630,17 +630,22 @@ TrainResult run_training(
       if (saved != world) {
         const uint64_t b = uint64_t(train_loader->batch_size());
         const uint64_t served = s.step * b * uint64_t(saved);
-        if (served % (b * uint64_t(world)) != 0)
+        if (served % uint64_t(world) != 0)
           throw UserError(
               "cannot resume with " + std::to_string(world) +
               " processes: the checkpoint's run (" + std::to_string(saved) +
               ") had served " + std::to_string(served) +
-              " sequences of this epoch, not a multiple of " +
-              std::to_string(b * uint64_t(world)) + ". Resume with " +
-              std::to_string(saved) +
-              " process(es), or another "
-              "device_batch_size.");
-        s.step = served / (b * uint64_t(world));
+              " sequences of this epoch, which do not divide between " +
+              std::to_string(world) + " processes. Resume with " +
+              std::to_string(saved) + " process(es).");
+        // In steps of b sequences a rank where they divide the position;
+        // else of one sequence, and the trainer goes on to this run's
+        // micro-batch (set_micro_batch, which says so where that does not
+        // divide it either).
+        const uint64_t unit = served % (b * uint64_t(world)) == 0 ? b : 1;
+        if (unit != b)
+          train_loader->set_batch_size(int64_t(unit));
+        s.step = served / (unit * uint64_t(world));
         std::printf(
             "Resuming with %d process(es) where the checkpoint's run had "
             "%d: the data position (%llu sequences into epoch %llu) carries "

@@ -277,9 +277,13 @@ int64_t Trainer::resume() {
         std::to_string(opt_.micro_batch) + " here), so resume stays exact.");
     opt_.micro_batch = saved;
     opt_.grad_accum = rows / saved;
-  } else if (other_size) {
-    task_.set_micro_batch(opt_.micro_batch); // UserError if not whole
   }
+  // This run's micro-batch, from the checkpoint's, or from the units the
+  // data position was restored in (another number of processes may need
+  // smaller ones); UserError if the position does not divide into it.
+  if (task_.set_micro_batch &&
+      (other_size || (task_.restore_data && ckpt->state.contains("loader"))))
+    task_.set_micro_batch(opt_.micro_batch);
   if (ckpt->state.contains("loss_scaler"))
     scaler_.load(ckpt->state.at("loss_scaler"));
   best_val_ = number_or(ckpt->state, "best_val_loss", best_val_);
