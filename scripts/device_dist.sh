@@ -30,7 +30,8 @@
 # must keep its value on two processes as on one).
 # PARTS picks what runs (default "same trm zero zbench bench grpo", grpo
 # on CUDA only; "zero" is 1c, "zbench" 2b, "grpo" 3; "kill", 4, only when
-# named). NCCL_MAX_NCHANNELS etc. pass through.
+# named; "nopeer" adds to "same" a run where rank 1 cannot map the other
+# GPU's memory, CUDA only). NCCL_MAX_NCHANNELS etc. pass through.
 # TRACE_STEP=N-M (bench, CUDA): also traces those steps of one process and
 # of both ranks of two (ORCHARD_TRACE); summaries in $OUT/dist_trace.txt.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
@@ -126,6 +127,28 @@ if want same; then
     $O launch --nproc-per-node 2 --master-port 29568 -- $SMALL grad_average=nccl run_dir=$W/two_nccl \
       > $OUT/same_two_nccl.log 2>&1 || { status=1; tail -20 $OUT/same_two_nccl.log; }
     same_weights "same weights, 1 vs 2 processes, grad_average=nccl" one two_nccl
+  fi
+  # A host without peer access (rank 1 fails to map the others' memory,
+  # ORCHARD_TEST_NO_PEER_ACCESS): by default every rank falls back to NCCL
+  # and trains the same weights; grad_average=copy_engines stops, saying
+  # why, with no rank left waiting.
+  if [ "$DEV" = cuda ] && want nopeer; then
+    ORCHARD_TEST_NO_PEER_ACCESS=1 $O launch --nproc-per-node 2 --master-port 29570 -- $SMALL \
+      run_dir=$W/two_nopeer > $OUT/same_two_nopeer.log 2>&1 || { status=1; tail -20 $OUT/same_two_nopeer.log; }
+    same_weights "same weights, 1 vs 2 processes, rank 1 without peer access" one two_nopeer
+    grep -h "Gradient averaging" $OUT/same_two_nopeer.log | head -1
+    grep -q "averaged by NCCL (the copy engines cannot: another process could not map them)" \
+      $OUT/same_two_nopeer.log || { status=1; echo "nopeer: no fallback said"; }
+    t0=$(date +%s.%N)
+    ORCHARD_TEST_NO_PEER_ACCESS=1 timeout 300 $O launch --nproc-per-node 2 --master-port 29571 -- $SMALL \
+      grad_average=copy_engines run_dir=$W/two_nopeer_forced > $OUT/same_two_nopeer_forced.log 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    said=$(grep -h "grad_average=copy_engines: the copy engines cannot" $OUT/same_two_nopeer_forced.log | head -1)
+    ok=false; [ $rc != 0 ] && [ $rc != 124 ] && [ -n "$said" ] && ok=true
+    $PY -c "import json,sys; print(json.dumps({'check': 'grad_average=copy_engines, rank 1 without peer access',
+      'exit': $rc, 'seconds': round($t1 - $t0, 1), 'message': sys.argv[1], 'ok': '$ok' == 'true'}))" "$said" \
+      | tee -a "$RESULT/dist_bench.jsonl"
+    [ $ok = true ] || status=1
   fi
   if [ "${GRAD_REDUCE:-float32}" = bfloat16 ]; then
     $O launch --nproc-per-node 2 --master-port 29567 -- $SMALL grad_reduce_dtype=bfloat16 run_dir=$W/two16 \

@@ -88,6 +88,14 @@ class SymmetricMean final : public CopyEngineMean {
         {int64_t(buckets_.size())},
         torch::TensorOptions().dtype(torch::kFloat32).device(device));
     memory_ = sm::rendezvous(all_, kGroup);
+    // A host whose GPUs cannot reach each other's memory fails here, after
+    // the rendezvous; ORCHARD_TEST_NO_PEER_ACCESS=R makes rank R fail so,
+    // to try the fallback to NCCL on a host that has peer access.
+    if (const char* r = std::getenv("ORCHARD_TEST_NO_PEER_ACCESS");
+        r != nullptr && std::to_string(me_) == r)
+      throw std::runtime_error(
+          "rank " + std::string(r) +
+          " refused peer access (ORCHARD_TEST_NO_PEER_ACCESS, a test)");
     for (int p = 0; p < world_; ++p)
       peer_.push_back(
           p == me_ ? all_
