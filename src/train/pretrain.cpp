@@ -638,14 +638,11 @@ TrainResult run_training(
               " sequences of this epoch, which do not divide between " +
               std::to_string(world) + " processes. Resume with " +
               std::to_string(saved) + " process(es).");
-        // In steps of b sequences a rank where they divide the position;
-        // else of one sequence, and the trainer goes on to this run's
-        // micro-batch (set_micro_batch, which says so where that does not
-        // divide it either).
-        const uint64_t unit = served % (b * uint64_t(world)) == 0 ? b : 1;
-        if (unit != b)
-          train_loader->set_batch_size(int64_t(unit));
-        s.step = served / (unit * uint64_t(world));
+        // In steps of one sequence a rank; the trainer then goes on to
+        // this run's micro-batch (set_micro_batch, which says so where the
+        // position does not divide into it).
+        train_loader->set_batch_size(1);
+        s.step = served / uint64_t(world);
         std::printf(
             "Resuming with %d process(es) where the checkpoint's run had "
             "%d: the data position (%llu sequences into epoch %llu) carries "
