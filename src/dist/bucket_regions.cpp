@@ -6,7 +6,8 @@ namespace orchard::dist::detail {
 
 Regions lay_out_regions(
     const std::vector<std::pair<int64_t, bool>>& params,
-    std::vector<int64_t>& owned) {
+    std::vector<int64_t>& owned,
+    int64_t align) {
   const int world = int(owned.size());
   std::vector<int64_t> filled(size_t(world), 0);
   std::vector<size_t> whole;
@@ -33,6 +34,7 @@ Regions lay_out_regions(
   out.region = std::max(
       *std::max_element(filled.begin(), filled.end()),
       (total + world - 1) / world);
+  out.region = (out.region + align - 1) / align * align;
   out.segments.resize(params.size());
   std::vector<int64_t> at(size_t(world), 0);
   for (const auto& [i, r] : whole_owner) {

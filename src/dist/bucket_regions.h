@@ -30,9 +30,12 @@ struct Regions {
 // region (of equal ones, the rank that owns least so far, so that ties do
 // not all go to rank 0); the others poured in order into what is left,
 // split where a region fills. `owned` (values each rank steps so far, over
-// the buckets before) gains what each rank owns here.
+// the buckets before) gains what each rank owns here. The region is a
+// multiple of `align` values (the copy engines' shares start on 256-byte
+// boundaries: 64).
 Regions lay_out_regions(
     const std::vector<std::pair<int64_t, bool>>& params,
-    std::vector<int64_t>& owned);
+    std::vector<int64_t>& owned,
+    int64_t align = 1);
 
 } // namespace orchard::dist::detail

@@ -48,8 +48,10 @@ class SymmetricMean final : public CopyEngineMean {
   SymmetricMean(
       const std::vector<int64_t>& values,
       const torch::Device& device,
-      AveragingOptions::MeanOf mean_of)
+      AveragingOptions::MeanOf mean_of,
+      std::vector<bool> scatter)
       : mean_of_(std::move(mean_of)),
+        scatter_(std::move(scatter)),
         world_(size()),
         me_(rank()),
         stream_(c10::cuda::getStreamFromPool(
@@ -131,6 +133,9 @@ class SymmetricMean final : public CopyEngineMean {
     torch::Tensor squares;
     mean_of_(own, part, &squares);
     squares_.narrow(0, int64_t(b), 1).copy_(squares);
+    sent_ = true;
+    if (scatter_[b]) // the others' shares stay as they are until gather()
+      return;
     memory_->barrier(0, kBarrierTimeoutMs); // every share is its mean
     for (int p = 0; p < world_; ++p)
       if (p != me_) {
@@ -138,7 +143,32 @@ class SymmetricMean final : public CopyEngineMean {
         all_.narrow(0, at, k.share)
             .copy_(peer_[size_t(p)].narrow(0, at, k.share));
       }
-    sent_ = true;
+  }
+
+  int64_t share(size_t b) const override {
+    return buckets_[b].share;
+  }
+
+  void gather(const std::vector<int64_t>& pull) override {
+    TORCH_CHECK(pull.size() == buckets_.size());
+    made_.record(c10::cuda::getCurrentCUDAStream());
+    made_.block(stream_);
+    {
+      c10::cuda::CUDAStreamGuard on(stream_);
+      memory_->barrier(0, kBarrierTimeoutMs); // every owner has written
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        const Bucket& k = buckets_[b];
+        const int64_t n = std::min(pull[b], k.share);
+        for (int p = 0; p < world_ && n > 0; ++p)
+          if (p != me_) {
+            const int64_t at = k.at + k.share * p;
+            all_.narrow(0, at, n).copy_(peer_[size_t(p)].narrow(0, at, n));
+          }
+      }
+      memory_->barrier(0, kBarrierTimeoutMs); // every rank has read mine
+      done_.record(stream_);
+    }
+    done_.block(c10::cuda::getCurrentCUDAStream());
   }
 
   void finish() override {
@@ -166,6 +196,8 @@ class SymmetricMean final : public CopyEngineMean {
     int64_t at, values, share; // share: values a rank owns, world x share
   };
   AveragingOptions::MeanOf mean_of_;
+  // Each bucket's: each rank keeps its own share's mean only.
+  std::vector<bool> scatter_;
   int world_, me_;
   c10::cuda::CUDAStream stream_;
   std::vector<Bucket> buckets_;
@@ -204,11 +236,12 @@ std::string unavailable(const torch::Device& device) {
 std::unique_ptr<CopyEngineMean> map_buckets(
     const std::vector<int64_t>& values,
     const torch::Device& device,
-    const AveragingOptions::MeanOf& mean_of) {
+    const AveragingOptions::MeanOf& mean_of,
+    const std::vector<bool>& scatter) {
 #if defined(ORCHARD_HAVE_SYMM_MEM)
-  return std::make_unique<SymmetricMean>(values, device, mean_of);
+  return std::make_unique<SymmetricMean>(values, device, mean_of, scatter);
 #else
-  (void)values, (void)device, (void)mean_of;
+  (void)values, (void)device, (void)mean_of, (void)scatter;
   return nullptr;
 #endif
 }
@@ -217,6 +250,7 @@ std::unique_ptr<CopyEngineMean> map_buckets(
 
 std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
     AveragingOptions::Mover mover,
+    const std::vector<bool>& scatter,
     const std::vector<std::pair<int64_t, torch::TensorOptions>>& buckets,
     const std::string& ruled_out,
     const AveragingOptions::MeanOf& mean_of,
@@ -246,7 +280,7 @@ std::unique_ptr<CopyEngineMean> CopyEngineMean::choose(
   if (why_not.empty()) {
     std::string failed;
     try {
-      made = map_buckets(values, device, mean_of);
+      made = map_buckets(values, device, mean_of, scatter);
     } catch (const std::exception& e) {
       failed = why_of(e);
     }

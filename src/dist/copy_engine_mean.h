@@ -12,6 +12,12 @@
 // the barriers are a block each); after a second barrier it pulls the
 // other shares' means. That moves the bytes a ring all-reduce moves; every
 // rank ends with the same bits.
+//
+// For ZeRO-1 (`scatter`), each rank keeps only its own share's mean (a
+// reduce-scatter: half the bytes); the owners step their shares and write
+// the updated values there, and gather() pulls every other share back
+// (the all-gather), in float32 or, where the caller asks, in a 16-bit
+// dtype packed into the share's first half (half those bytes).
 #pragma once
 
 #include "dist/world.h"
@@ -41,6 +47,7 @@ class CopyEngineMean {
   // saying why where copy_engines was asked for.
   static std::unique_ptr<CopyEngineMean> choose(
       AveragingOptions::Mover mover,
+      const std::vector<bool>& scatter,
       const std::vector<std::pair<int64_t, torch::TensorOptions>>& buckets,
       const std::string& ruled_out,
       const AveragingOptions::MeanOf& mean_of,
@@ -50,8 +57,18 @@ class CopyEngineMean {
   // Bucket b's values (what the backward writes, and then the mean).
   virtual torch::Tensor bucket(size_t b) = 0;
   // Queues bucket b's mean on a side stream, once the current stream has
-  // made it. Every rank sends the same buckets in the same order.
+  // made it: of every share, or where scatter[b] of this rank's only.
+  // Every rank sends the same buckets in the same order.
   virtual void send(size_t b) = 0;
+  // The values (in float32 values) of a rank's share of bucket b: rank
+  // r's share starts at r x this in bucket(b).
+  virtual int64_t share(size_t b) const = 0;
+  // After finish() and once the current stream has written this rank's
+  // share of the buckets: the first pull[b] values (a whole share, or
+  // half of one holding 16-bit values, or none) of every other rank's
+  // share of bucket b pulled into this rank's; the current stream then
+  // waits for every rank to have read this rank's shares.
+  virtual void gather(const std::vector<int64_t>& pull) = 0;
   // The current stream waits for every bucket sent since the last finish,
   // and for every rank to have read this rank's buckets (so that the next
   // backward may write them).

@@ -57,7 +57,8 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       : sharded_(sharded),
         same_rows_(options.same_rows_on_every_rank),
         reduce_dtype_(options.reduce_dtype),
-        mover_(options.mover) {
+        mover_(options.mover),
+        gather_dtype_(options.gather_dtype) {
     // For measuring what the collectives cost, never for training: "all"
     // sends no bucket, "last" all but the last (each rank then steps on
     // its own gradients there).
@@ -77,34 +78,50 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
               region_cap_,
               2 * s.param.numel() * int64_t(s.param.element_size()));
     const int64_t cap = region_cap_ * (sharded ? size() : 1);
-    std::map<std::pair<int, std::string>, size_t> open; // kind -> bucket
+    // kind (dtype, device, gathered low, everywhere) -> bucket
+    std::map<std::tuple<int, std::string, bool, bool>, size_t> open;
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
       const torch::Tensor& p = it->param;
       if (!p.requires_grad())
         continue;
-      auto kind = std::pair{int(p.scalar_type()), p.device().str()};
+      const bool low = sharded && it->low && gather_dtype_ != p.scalar_type() &&
+          p.is_cuda() && p.scalar_type() == torch::kFloat32;
+      const bool everywhere = sharded && it->everywhere;
+      auto kind =
+          std::tuple{int(p.scalar_type()), p.device().str(), low, everywhere};
       auto o = open.find(kind);
       if (o == open.end() ||
           (buckets_[o->second].values + p.numel()) * int64_t(p.element_size()) >
               cap) {
         buckets_.push_back({});
         buckets_.back().options = p.options().requires_grad(false);
+        buckets_.back().gathers_low = low;
+        buckets_.back().everywhere = everywhere;
         o = open.insert_or_assign(kind, buckets_.size() - 1).first;
       }
       Bucket& b = buckets_[o->second];
       slots_.push_back(
-          {it->name, p, it->whole, o->second, {}, false, false, false});
+          {it->name,
+           p,
+           it->whole,
+           o->second,
+           {},
+           false,
+           false,
+           false,
+           everywhere});
       slot_of_key_[weight_key(p)] = slots_.size() - 1;
       b.values += p.numel();
       b.slots.push_back(slots_.size() - 1);
     }
     std::vector<int64_t> owned(size_t(size()), 0); // values each rank steps
     for (Bucket& b : buckets_) {
-      if (sharded_) { // one region a rank (bucket_regions.h)
+      if (sharded_ && !b.everywhere) { // one region a rank (bucket_regions.h)
         std::vector<std::pair<int64_t, bool>> sizes;
         for (size_t i : b.slots)
           sizes.push_back({slots_[i].param.numel(), slots_[i].whole});
-        detail::Regions laid = detail::lay_out_regions(sizes, owned);
+        // Regions of whole 64-value blocks: the copy engines' shares.
+        detail::Regions laid = detail::lay_out_regions(sizes, owned, 64);
         b.region = laid.region;
         b.values = laid.region * size();
         for (size_t k = 0; k < b.slots.size(); ++k)
@@ -123,6 +140,13 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       // Zeros: a region's padding is never written and sums to zero.
       b.flat =
           copies_ ? copies_->bucket(bi) : torch::zeros({b.values}, b.options);
+      TORCH_CHECK(
+          !copies_ || !sharded_ || b.everywhere ||
+              copies_->share(bi) == b.region,
+          "copy engines' share ",
+          copies_ ? copies_->share(bi) : 0,
+          " is not the region ",
+          b.region);
       if (b.options.dtype() == torch::kFloat32 &&
           reduce_dtype_ != torch::kFloat32) {
         rounds_ = true;
@@ -144,6 +168,13 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot& s = slots_[i];
+        if (s.everywhere) { // every rank steps it whole
+          pieces_.push_back(
+              {s.name, s.param, 0, s.param.numel(), true, s.param, true});
+          piece_at_.push_back({s.bucket, 0});
+          piece_slot_.push_back(i);
+          continue;
+        }
         for (const Segment& g : s.segments)
           if (g.owner == rank()) {
             const bool whole = g.length == s.param.numel() && s.whole;
@@ -259,7 +290,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         continue;
       detail::collective("averaging gradients", [&] { b.work->wait(); });
       if (!b.flat.is_cuda()) // Gloo sent the sum
-        (sharded_ ? region(b, rank()) : b.flat).div_(n);
+        (sharded_ && !b.everywhere ? region(b, rank()) : b.flat).div_(n);
     }
     if (copies_)
       copies_->finish();
@@ -305,11 +336,21 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       }
       return;
     }
-    // Sharded: the mean exists only for this rank's pieces.
-    for (auto& s : slots_)
-      s.param.mutable_grad() = torch::Tensor();
+    // Sharded: the mean exists only for this rank's pieces, and whole in
+    // the parameters every rank steps (a gathered one's is autograd's).
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (!s.everywhere)
+        s.param.mutable_grad() = torch::Tensor();
+      else if (!s.gathered)
+        s.param.mutable_grad() = unused[i]
+            ? torch::Tensor()
+            : in_bucket(s, s.segments[0]).view(s.param.sizes());
+    }
     for (size_t k = 0; k < pieces_.size(); ++k) {
       ShardPiece& p = pieces_[k];
+      if (p.everywhere)
+        continue;
       p.value.mutable_grad() = unused[piece_slot_[k]]
           ? torch::Tensor()
           : piece_in_bucket(k).view(p.value.sizes());
@@ -320,16 +361,22 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return pieces_;
   }
 
-  void gather_parameters() override {
+  void gather_parameters(bool exact) override {
     if (!sharded_)
       return;
     torch::NoGradGuard no_grad;
-    for (size_t k = 0; k < pieces_.size(); ++k) {
-      ShardPiece& p = pieces_[k];
-      p.value.mutable_grad() = torch::Tensor(); // the bucket is reused now
-      piece_in_bucket(k).copy_(p.value.reshape({-1}));
+    // Each piece's .grad (a view of its bucket, overwritten now) stays as
+    // it is: a replayed CUDA graph writes the next mean there again.
+    if (copies_) {
+      gather_on_copy_engines(exact);
+      return;
     }
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      if (!pieces_[k].everywhere)
+        piece_in_bucket(k).copy_(pieces_[k].value.reshape({-1}));
     for (auto& b : buckets_) {
+      if (b.everywhere)
+        continue;
       torch::Tensor mine = region(b, rank());
       detail::collective("gathering the updated parameters", [&] {
         if (b.flat.is_cuda()) { // NCCL: in place, this rank's region
@@ -346,6 +393,8 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       });
     }
     for (auto& b : buckets_) {
+      if (b.everywhere)
+        continue;
       detail::collective(
           "gathering the updated parameters", [&] { b.work->wait(); });
       b.work.reset();
@@ -388,11 +437,25 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         " of " + std::to_string(slots_.size()) +
         " gradients handed over by its hooks, " + std::to_string(in_place_) +
         " of them made in their bucket by their product";
-    if (copies_)
+    if (copies_ && sharded_) {
+      size_t low = 0;
+      for (const auto& b : buckets_)
+        low += b.gathers_low ? 1 : 0;
+      out +=
+          "; reduce-scattered, and the updated parameters gathered, by the "
+          "GPUs' copy engines (PyTorch's symmetric memory; no SMs held while "
+          "sending)";
+      if (low > 0)
+        out += ", " + std::to_string(low) + " of the " +
+            std::to_string(buckets_.size()) + " bucket(s) gathered in " +
+            std::string(c10::toString(gather_dtype_)) +
+            " (parameters read only by products in it; each owner keeps "
+            "float32)";
+    } else if (copies_) {
       out +=
           "; averaged by the GPUs' copy engines (PyTorch's symmetric "
           "memory; no SMs held while sending)";
-    else if (!copies_unavailable_.empty())
+    } else if (!copies_unavailable_.empty())
       out += "; averaged by NCCL (the copy engines cannot: " +
           copies_unavailable_ + ")";
     if (rounds_)
@@ -414,11 +477,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
           " parameter(s) no process gave a gradient keep none (the optimizer "
           "skips them, as in one process)";
     if (sharded_) {
-      int whole = 0;
-      for (const auto& p : pieces_)
-        whole += p.whole ? 1 : 0;
-      out += "; this rank steps " + std::to_string(pieces_.size()) +
-          " piece(s) (" + std::to_string(whole) + " whole), " +
+      int whole = 0, everywhere = 0;
+      for (const auto& p : pieces_) {
+        whole += p.whole && !p.everywhere ? 1 : 0;
+        everywhere += p.everywhere ? 1 : 0;
+      }
+      out += "; this rank steps " +
+          std::to_string(pieces_.size() - size_t(everywhere)) + " piece(s) (" +
+          std::to_string(whole) + " whole)" +
+          (everywhere > 0 ? " and, as every rank does, " +
+                   std::to_string(everywhere) + " parameter(s) whole"
+                          : "") +
+          ", " +
           format_share(double(padding) / double(std::max<int64_t>(1, values))) +
           " of the buckets is padding";
     }
@@ -438,9 +508,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     // Made from every rank's gathered rows (gathered_gradient): the mean
     // already, not copied into its bucket.
     bool gathered;
+    bool everywhere; // sharded, yet stepped whole by every rank
   };
   struct Bucket {
     torch::TensorOptions options;
+    bool gathers_low = false; // sharded: parameters gathered in gather_dtype_
+    bool everywhere = false;  // sharded: not cut into regions (Shardable's)
     int64_t values = 0; // sharded: world x region
     int64_t region = 0; // sharded: each rank's values
     std::vector<size_t> slots;
@@ -493,6 +566,57 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
   }
 
+  // A low bucket's values as gather_dtype_ (twice as many): rank r's
+  // region's first half holds its values sent low, a value at offset o of
+  // the float32 bucket at o + region x r of these.
+  torch::Tensor low_values(const Bucket& b) const {
+    return b.flat.view(gather_dtype_);
+  }
+
+  // gather_parameters on the copy engines: each owner writes its pieces
+  // into its region of their bucket (a low bucket's in gather_dtype_,
+  // unless exact), every other region is pulled from its owner, and the
+  // others' pieces are copied out into the parameters.
+  void gather_on_copy_engines(bool exact) {
+    std::vector<bool> half;
+    std::vector<int64_t> pull; // float32 values of each other share
+    for (const Bucket& b : buckets_) {
+      half.push_back(b.gathers_low && !exact);
+      pull.push_back(b.everywhere ? 0 : half.back() ? b.region / 2 : b.region);
+    }
+    const int me = rank();
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      if (pieces_[k].everywhere)
+        continue;
+      const auto [bucket, offset] = piece_at_[k];
+      const Bucket& b = buckets_[bucket];
+      const torch::Tensor value = pieces_[k].value.reshape({-1});
+      if (half[bucket])
+        low_values(b)
+            .narrow(0, offset + b.region * me, pieces_[k].length)
+            .copy_(value);
+      else
+        piece_in_bucket(k).copy_(value);
+    }
+    copies_->gather(pull);
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const Bucket& b = buckets_[bi];
+      if (b.everywhere)
+        continue;
+      const torch::Tensor low = half[bi] ? low_values(b) : torch::Tensor();
+      for (size_t i : b.slots)
+        for (const Segment& g : slots_[i].segments) {
+          if (g.owner == me)
+            continue;
+          torch::Tensor into =
+              slots_[i].param.detach().view({-1}).narrow(0, g.begin, g.length);
+          into.copy_(
+              half[bi] ? low.narrow(0, g.offset + b.region * g.owner, g.length)
+                       : in_bucket(slots_[i], g));
+        }
+    }
+  }
+
   // The sink (core/gradient_sink.h), on autograd's thread: the weight's
   // place in its bucket, once a backward, where the gradient lands whole
   // in one place and nothing is accumulated in .grad from earlier
@@ -526,9 +650,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const auto found = slot_of_key_.find(key);
-      if (!armed_ || !same_rows_ || sharded_ || found == slot_of_key_.end())
+      if (!armed_ || !same_rows_ || found == slot_of_key_.end())
         return {};
       Slot& s = slots_[found->second];
+      if (sharded_ && !s.everywhere)
+        return {};
       const int64_t n = rows.size(0);
       if (s.ready || s.given || s.param.grad().defined() ||
           n * size() >= 2 * num_rows || rows.dim() != 2 ||
@@ -557,12 +683,14 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     std::vector<std::pair<int64_t, torch::TensorOptions>> buckets;
     for (const Bucket& b : buckets_)
       buckets.push_back({b.values, b.options});
-    const std::string ruled_out = sharded_ ? "zero_stage=1 reduce-scatters them"
-        : reduce_dtype_ != torch::kFloat32
+    const std::string ruled_out = reduce_dtype_ != torch::kFloat32
         ? "grad_reduce_dtype=bfloat16 sends them in bfloat16"
         : "";
+    std::vector<bool> scatter;
+    for (const Bucket& b : buckets_)
+      scatter.push_back(sharded_ && !b.everywhere);
     copies_ = detail::CopyEngineMean::choose(
-        mover_, buckets, ruled_out, mean_of, copies_unavailable_);
+        mover_, scatter, buckets, ruled_out, mean_of, copies_unavailable_);
   }
 
   void leave_sink() {
@@ -671,7 +799,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   c10::intrusive_ptr<c10d::Work> average_on_nccl(
       const Bucket& b,
       torch::Tensor& all) {
-    if (sharded_) {
+    if (sharded_ && !b.everywhere) {
       c10d::ReduceScatterOptions mean;
       mean.reduceOp = c10d::ReduceOp::AVG;
       torch::Tensor mine = all.narrow(0, b.region * rank(), b.region);
@@ -700,7 +828,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     }
     c10::cuda::CUDAStreamGuard on(casts_->back);
     detail::collective("averaging gradients", [&] { b.work->wait(); });
-    if (sharded_)
+    if (sharded_ && !b.everywhere)
       region(b, rank()).copy_(b.low.narrow(0, b.region * rank(), b.region));
     else
       b.flat.copy_(b.low);
@@ -717,6 +845,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   // are float32 and reduce_dtype_ is not.
   torch::ScalarType reduce_dtype_;
   AveragingOptions::Mover mover_;
+  torch::ScalarType gather_dtype_;
   bool rounds_ = false;
   bool sent_low_ = false; // this step (send_low)
   size_t gathered_ = 0;
@@ -768,11 +897,9 @@ std::unique_ptr<GradientAverager> GradientAverager::make_sharded(
     const std::vector<Shardable>& params,
     const AveragingOptions& options) {
 #if defined(ORCHARD_HAVE_C10D)
-  if (active()) {
-    AveragingOptions o = options;
-    o.same_rows_on_every_rank = false;
-    return std::make_unique<OverlappedAverager>(params, /*sharded=*/true, o);
-  }
+  if (active())
+    return std::make_unique<OverlappedAverager>(
+        params, /*sharded=*/true, options);
 #endif
   (void)params, (void)options;
   return nullptr;

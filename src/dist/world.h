@@ -70,11 +70,23 @@ void all_reduce_mean(const std::vector<torch::Tensor>& tensors);
 // owners step their pieces, then gather_parameters() all-gathers the
 // regions back into every rank's parameters. Traffic is an all-reduce's
 // (a reduce-scatter and an all-gather); the optimizer's state and work
-// are divided by the world size.
+// are divided by the world size. On one CUDA host the GPUs' copy engines
+// move both (AveragingOptions::mover), and the all-gather sends the
+// parameters marked `low` in AveragingOptions::gather_dtype: a rank then
+// holds the others' pieces of them rounded to it, which changes nothing
+// where they are read only by products in that dtype (autocast rounds
+// them so anyway); each owner keeps its float32 values, and
+// gather_parameters(/*exact=*/true) sends them all in float32 (before a
+// checkpoint).
 struct Shardable {
   std::string name;
   torch::Tensor param;
   bool whole = false; // its update needs the whole tensor
+  bool low = false;   // read only by products in the compute dtype
+  // Its gradient may be made from every rank's gathered rows (an
+  // embedding; AveragingOptions::same_rows_on_every_rank): not sharded,
+  // every rank holds its mean and steps it whole, as without ZeRO-1.
+  bool everywhere = false;
 };
 struct ShardPiece {
   std::string name;
@@ -85,6 +97,7 @@ struct ShardPiece {
   // view of the owned elements. Its .grad is the mean gradient from
   // finish() to gather_parameters().
   torch::Tensor value;
+  bool everywhere = false; // stepped whole by every rank (Shardable's)
 };
 
 // How a GradientAverager sends.
@@ -105,10 +118,10 @@ struct AveragingOptions {
   int64_t bucket_bytes = int64_t(100) << 20;
   // What moves a bucket's bytes on CUDA (the grad_average setting):
   // `automatic`, the GPUs' copy engines where they can (every rank on this
-  // host, float32 buckets all-reduced in float32: not zero_stage=1, not
-  // bfloat16), else NCCL; `nccl`, NCCL's kernels always; `copy_engines`,
-  // the copy engines or a UserError saying why not. The copy engines hold
-  // no SMs while they send (dist/copy_engine_mean.h).
+  // host, float32 buckets averaged in float32, not bfloat16; sharded,
+  // reduce-scattered and all-gathered), else NCCL; `nccl`, NCCL's kernels
+  // always; `copy_engines`, the copy engines or a UserError saying why not. The
+  // copy engines hold no SMs while they send (dist/copy_engine_mean.h).
   enum class Mover { automatic, nccl, copy_engines };
   Mover mover = Mover::automatic;
   // Where the copy engines average: out = the mean of parts (a bucket's
@@ -122,6 +135,10 @@ struct AveragingOptions {
       const std::vector<torch::Tensor>& parts,
       torch::Tensor* squares)>;
   MeanOf mean_of;
+  // ZeRO-1 on the copy engines: the dtype the `low` parameters are
+  // all-gathered in (bfloat16 or float16 under autocast; float32 sends
+  // them as they are).
+  torch::ScalarType gather_dtype = torch::kFloat32;
 };
 // The Mover a grad_average setting names ("auto", "nccl", "copy_engines").
 AveragingOptions::Mover mover_named(const std::string& name);
@@ -136,9 +153,10 @@ class GradientAverager {
       const std::vector<Shardable>& params,
       const AveragingOptions& options = {});
   // Sharded only: this rank's pieces (in bucket order), and the
-  // all-gather of every rank's updated pieces into the parameters.
+  // all-gather of every rank's updated pieces into the parameters (in
+  // float32 where `exact`, else the `low` ones in gather_dtype).
   virtual const std::vector<ShardPiece>& pieces() const = 0;
-  virtual void gather_parameters() = 0;
+  virtual void gather_parameters(bool exact) = 0;
   virtual ~GradientAverager() = default;
   virtual void arm() = 0;
   virtual void finish() = 0;

@@ -49,6 +49,16 @@ TEST(BucketRegions, WholeParametersStayInOneRegionAndTheRestFillsThem) {
   EXPECT_EQ(big.region, 9);
   EXPECT_EQ(as_tuples(big.segments[1]), (std::vector<T>{{0, 3, 9, 1}}));
   EXPECT_EQ(owned, (std::vector<int64_t>{9, 3, 0}));
+
+  // Aligned (the copy engines' shares: 64 values): 100 values over two
+  // ranks make regions of 64, not 50; rank 0's is full, rank 1 has 36.
+  owned = {0, 0};
+  const Regions aligned = lay_out_regions({{100, false}}, owned, 64);
+  EXPECT_EQ(aligned.region, 64);
+  EXPECT_EQ(
+      as_tuples(aligned.segments[0]),
+      (std::vector<T>{{0, 64, 0, 0}, {64, 36, 64, 1}}));
+  EXPECT_EQ(owned, (std::vector<int64_t>{64, 36}));
 }
 
 } // namespace
