@@ -86,16 +86,18 @@ FinetuneMemory finetune_memory(
     // where float32 gradients are sent in it; on CUDA only, counted alike).
     const bool again =
         cfg.grad_reduce_dtype == "bfloat16" && (lora ? 4 : b) == 4;
-    // Where the copy engines may average them (float32, not sharded, not
+    // Where the copy engines may average them (float32, not
     // grad_average=nccl; on CUDA only, counted alike): their scratch, the
-    // largest bucket's share from every other rank.
-    const double scratch = copy_engines_may_average(
-                               (lora ? 4 : b) == 4,
-                               cfg.zero_stage,
-                               cfg.grad_reduce_dtype,
-                               cfg.grad_average)
+    // largest bucket's share from every other rank (sharded, a bucket is
+    // up to the cap a rank).
+    const double scratch =
+        copy_engines_may_average(
+            (lora ? 4 : b) == 4, cfg.grad_reduce_dtype, cfg.grad_average)
         ? copy_engine_scratch(
-              r.gradients, double(cfg.bucket_cap_mb << 20), world)
+              r.gradients,
+              double(cfg.bucket_cap_mb << 20) *
+                  (cfg.zero_stage >= 1 ? world : 1),
+              world)
         : 0.0;
     r.gradients = r.gradients * (again ? 2.5 : 2) + scratch;
     if (cfg.zero_stage >= 1)

@@ -93,11 +93,10 @@ PlanModel plan_model_of(const models::GptConfig& c) {
 
 bool copy_engines_may_average(
     bool float32_gradients,
-    int64_t zero_stage,
     const std::string& grad_reduce_dtype,
     const std::string& grad_average) {
-  return float32_gradients && zero_stage < 1 &&
-      grad_reduce_dtype != "bfloat16" && grad_average != "nccl";
+  return float32_gradients && grad_reduce_dtype != "bfloat16" &&
+      grad_average != "nccl";
 }
 
 double copy_engine_scratch(
@@ -147,8 +146,13 @@ MemoryEstimate estimate_memory(
   if (s.processes > 1) // the averager's flat buckets, allocated once
     e.gradients += (s.reduce_in_bfloat16 ? 6 : 4) * P +
         copy_engine_scratch(4 * P, s.copy_engine_bucket, s.processes);
-  if (s.processes > 1 && s.shard_optimizer) // each rank its share
-    e.optimizer /= double(s.processes);
+  if (s.processes > 1 && s.shard_optimizer) {
+    // Each rank its share, but of the embedding's AdamW moments, which
+    // every rank keeps (it steps the embedding whole: dist::Shardable's
+    // `everywhere`).
+    const double embedding = 8 * V * C;
+    e.optimizer = (e.optimizer - embedding) / double(s.processes) + embedding;
+  }
   return e;
 }
 

@@ -96,14 +96,15 @@ struct MemoryEstimate {
 
 // Whether the GPUs' copy engines may average the gradient buckets (dist's
 // CopyEngineMean, where the processes are on one CUDA host): float32
-// gradients, not zero_stage=1, not sent in bfloat16, grad_average not nccl.
+// gradients, not sent in bfloat16, grad_average not nccl.
 bool copy_engines_may_average(
     bool float32_gradients,
-    int64_t zero_stage,
     const std::string& grad_reduce_dtype,
     const std::string& grad_average);
 // Their scratch, bytes: the largest bucket's share from every other
-// process; a bucket holds at most bucket_bytes and at most all gradients.
+// process; a bucket holds at most bucket_bytes (with zero_stage=1, a
+// process's share: pass bucket_cap x processes) and at most all
+// gradients.
 double copy_engine_scratch(
     double gradient_bytes,
     double bucket_bytes,

@@ -184,11 +184,9 @@ PlanSettings plan_settings(
       s.device == c10::DeviceType::CUDA && cfg.grad_reduce_dtype == "bfloat16";
   if (s.device == c10::DeviceType::CUDA && s.processes > 1 &&
       copy_engines_may_average(
-          /*float32_gradients=*/true,
-          cfg.zero_stage,
-          cfg.grad_reduce_dtype,
-          cfg.grad_average))
-    s.copy_engine_bucket = double(cfg.bucket_cap_mb << 20);
+          /*float32_gradients=*/true, cfg.grad_reduce_dtype, cfg.grad_average))
+    s.copy_engine_bucket = double(cfg.bucket_cap_mb << 20) *
+        (cfg.zero_stage >= 1 ? s.processes : 1);
   return s;
 }
 
@@ -560,6 +558,13 @@ TrainResult run_training(
 
   TrainingTask task;
   task.model = model.ptr();
+  // The projections and lm_head are read only by products, which autocast
+  // feeds their compute-dtype rounding; the embedding's rows are read as
+  // they are.
+  for (const auto& [name, proj] : model->projections())
+    task.read_in_compute_dtype.push_back(proj->weight);
+  task.read_in_compute_dtype.push_back(model->lm_head->weight);
+  task.embeddings = {model->wte->weight};
   if (sft) {
     task.micro_step = [&, chat_loader] {
       auto b = chat_loader->next();

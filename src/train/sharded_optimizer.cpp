@@ -131,12 +131,18 @@ std::unique_ptr<Optimizers> optimizers_of_pieces(
 NamedTensors gather_sharded_state(
     const NamedTensors& local,
     const std::vector<dist::ShardPiece>& pieces) {
+  // What this rank sends: its pieces' state, but for pieces every rank
+  // steps (rank 0 sends those).
   std::vector<Entry> mine;
+  std::vector<torch::Tensor> sent;
   for (const auto& [name, t] : local) {
     const dist::ShardPiece* p = piece_of(name, pieces);
     if (!p)
       throw std::logic_error("[zero] optimizer state '" + name +
                              "' of no piece of this rank");
+    if (p->everywhere && !dist::leader())
+      continue;
+    sent.push_back(t);
     mine.push_back(
         {name,
          int(t.scalar_type()),
@@ -150,14 +156,14 @@ NamedTensors gather_sharded_state(
   // Rank 0 has its own; every other rank's tensors reach it by broadcast,
   // one at a time, in the order the lists give.
   std::vector<std::pair<Entry, torch::Tensor>> parts;
-  for (size_t i = 0; i < local.size() && dist::leader(); ++i)
-    parts.push_back({mine[i], local[i].second});
+  for (size_t i = 0; i < sent.size() && dist::leader(); ++i)
+    parts.push_back({mine[i], sent[i]});
   for (int r = 1; r < dist::size(); ++r) {
     const auto entries = decode(listed[size_t(r)]);
     for (size_t i = 0; i < entries.size(); ++i) {
       const Entry& e = entries[i];
       torch::Tensor t = r == dist::rank()
-          ? local[i].second
+          ? sent[i]
           : torch::empty(
                 e.shape,
                 torch::TensorOptions().dtype(c10::ScalarType(e.dtype)));

@@ -160,28 +160,48 @@ void Trainer::make_averager() {
   if (!dist::active() || averager_)
     return;
   const auto trained = trained_tensors(*task_.model);
+  // ZeRO-1's all-gather may send the parameters products read in the
+  // compute dtype in that dtype, unless the EMA reads their float32 values.
+  const bool low = opt_.device.is_cuda() &&
+      opt_.precision.compute != torch::kFloat32 && ema_.empty();
   const dist::AveragingOptions sends{
       .same_rows_on_every_rank = task_.same_shapes_on_every_rank,
       .reduce_dtype = opt_.grad_reduce_dtype,
       .bucket_bytes = opt_.bucket_cap_mb << 20,
       .mover = opt_.grad_average,
-      .mean_of = ops::mean_of};
+      .mean_of = ops::mean_of,
+      .gather_dtype = low ? opt_.precision.compute : torch::kFloat32};
   if (opt_.zero_stage < 1) {
     averager_ = dist::GradientAverager::make(trained, sends);
     return;
   }
-  averager_ = dist::GradientAverager::make_sharded(
-      shardables(optimizers_, trained), sends);
+  std::vector<dist::Shardable> shards = shardables(optimizers_, trained);
+  for (auto& s : shards) {
+    for (const auto& t : task_.read_in_compute_dtype)
+      s.low = s.low || t.is_same(s.param);
+    for (const auto& t : task_.embeddings)
+      s.everywhere = s.everywhere ||
+          (task_.same_shapes_on_every_rank && !s.whole && t.is_same(s.param));
+  }
+  averager_ = dist::GradientAverager::make_sharded(shards, sends);
   shard_optimizers_ = optimizers_of_pieces(optimizers_, averager_->pieces());
-  int64_t mine = 0, all = 0;
-  for (const auto& p : averager_->pieces())
-    mine += p.length;
+  int64_t mine = 0, all = 0, everywhere = 0;
+  for (const auto& p : averager_->pieces()) {
+    (p.everywhere ? everywhere : mine) += p.length;
+    if (p.everywhere)
+      everywhere_.insert(p.value.unsafeGetTensorImpl());
+  }
   for (const auto& t : trained)
     all += t.numel();
-  shard_note_ = "Optimizer state sharded over " +
-      std::to_string(dist::size()) + " processes (zero_stage=1): rank 0 steps " +
-      std::to_string(mine) + " of the " + std::to_string(all) +
-      " trained values and keeps their state only.";
+  shard_note_ = "Optimizer state sharded over " + std::to_string(dist::size()) +
+      " processes (zero_stage=1): rank 0 steps " + std::to_string(mine) +
+      " of the " + std::to_string(all) +
+      " trained values and keeps their state only" +
+      (everywhere > 0 ? "; every rank steps the embedding's " +
+               std::to_string(everywhere) +
+               " values whole and keeps their state, as without sharding"
+                      : "") +
+      ".";
 }
 
 int64_t Trainer::resume() {
@@ -340,9 +360,13 @@ void Trainer::save(int64_t step, bool complete, const EvalResult* eval) {
     for (auto& [name, t] : state_t)
       t = dist::gather_rows(t);
   NamedTensors model_t, opt_t;
-  if (shard_optimizers_)
+  if (shard_optimizers_) {
+    // The owners' float32 values of every piece (the last step may have
+    // sent some in the compute dtype), and their optimizer state.
+    averager_->gather_parameters(/*exact=*/true);
     opt_t =
         gather_sharded_state(shard_optimizers_->state(), averager_->pieces());
+  }
   if (!dist::leader())
     return; // rank 0 writes the checkpoints
   auto params = trained_parameters(*task_.model);

@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,16 @@ struct TrainingTask {
   // windows): several processes may then gather an embedding's rows
   // rather than all-reduce its gradient (dist/world.h).
   bool same_shapes_on_every_rank = false;
+  // Trained tensors read only by products in the compute dtype (autocast
+  // rounds them to it first: a GPT's projections and lm_head, not its
+  // embedding): with zero_stage=1 on one CUDA host, the other ranks
+  // receive their updated pieces in that dtype (dist::Shardable::low).
+  std::vector<torch::Tensor> read_in_compute_dtype;
+  // Embeddings (ops::embedding's weights): with several processes and
+  // same_shapes_on_every_rank, their gradient may be made from every
+  // rank's gathered rows; with zero_stage=1 they are then not sharded
+  // (dist::Shardable::everywhere).
+  std::vector<torch::Tensor> embeddings;
   // An evaluation of the weights in place (the EMA weights when EMA is on),
   // under autocast and without gradients.
   std::function<EvalResult()> evaluate;
@@ -241,6 +252,8 @@ class Trainer {
   std::unique_ptr<dist::GradientAverager> averager_;
   std::unique_ptr<Optimizers> shard_optimizers_; // zero_stage=1
   std::string shard_note_; // what sharding does, said at the first step
+  // zero_stage=1: the parameters every rank steps whole (their TensorImpl).
+  std::unordered_set<const void*> everywhere_;
   std::optional<int64_t> start_;
   double best_val_ = std::numeric_limits<double>::infinity();
   int64_t best_step_ = -1;

@@ -52,14 +52,14 @@ void Trainer::take_step(
   };
   const double lr_mult = lr_multiplier(
       step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio);
-  if (!shard_optimizers_ && ema_.empty() && !scaler_.enabled() &&
-      stepper().can_step_on_device()) {
+  if (ema_.empty() && !scaler_.enabled() && stepper().can_step_on_device()) {
     // Clipping and the finite check decided on the device, so the
     // optimizer is queued before the host reads the norm and the loss,
     // and the GPU is not left waiting for the host between backward and
     // update (0.3 ms of a 31 ms GPT d12 step on an H200). Several
-    // unsharded processes too: every rank holds the same mean gradient,
-    // so every rank decides alike.
+    // processes too: every rank holds the same mean gradient's norm (with
+    // zero_stage=1 summed over the ranks' pieces), so every rank decides
+    // alike, and the sharded update's all-gather is queued after it.
     const auto norm = read.narrow(0, 0, 1);
     const auto found_inf = norm.isfinite().logical_not().to(torch::kFloat32);
     const auto grad_scale = opt_.grad_clip > 0
@@ -70,6 +70,8 @@ void Trainer::take_step(
         : torch::ones_like(norm);
     const torch::Tensor host = read_then_launch(read, [&] {
       stepper().step_on_device(lr_mult, grad_scale, found_inf);
+      if (shard_optimizers_) // every rank's updated pieces into every rank
+        averager_->gather_parameters(/*exact=*/false);
     });
     take_read(host);
     applied = scaler_.update(std::isfinite(grad_norm));
@@ -93,7 +95,7 @@ void Trainer::take_step(
   }
   stepper().step(lr_mult, step);
   if (shard_optimizers_) // every rank's updated pieces into every rank
-    averager_->gather_parameters();
+    averager_->gather_parameters(/*exact=*/false);
   if (!ema_.empty()) {
     auto params = trained_tensors(*task_.model);
     for (size_t i = 0; i < params.size(); ++i)
@@ -156,10 +158,14 @@ torch::Tensor Trainer::gradients(
     }
   }
   std::vector<torch::Tensor> grads;
+  std::vector<bool> on_every_rank; // sharded: a parameter every rank steps
   for (const auto& p : stepper().parameters())
     if (p.grad().defined() &&
-        !(bucket_squares.defined() && averager_->in_share_squares(p)))
+        !(bucket_squares.defined() && averager_->in_share_squares(p))) {
       grads.push_back(p.grad());
+      on_every_rank.push_back(
+          shard_optimizers_ && everywhere_.count(p.unsafeGetTensorImpl()) > 0);
+    }
   if (scale != 1.0 && !grads.empty())
     at::_foreach_mul_(grads, 1.0 / scale);
   // On CUDA the norms in one multi-tensor kernel, not one a parameter.
@@ -171,6 +177,11 @@ torch::Tensor Trainer::gradients(
       norms.push_back(g.norm(2));
   for (auto& n : norms)
     n = n.to(torch::kFloat32);
+  // A parameter every rank steps whole has its squares on every rank:
+  // each counts 1 / ranks of them in the sum over the ranks below.
+  for (size_t i = 0; i < norms.size(); ++i)
+    if (on_every_rank[i])
+      norms[i] = norms[i] / std::sqrt(double(dist::size()));
   torch::Tensor norm = norms.empty()
       ? torch::zeros({1}, loss_sum.options().dtype(torch::kFloat32))
       : torch::stack(norms).norm(2).reshape({1});
@@ -193,12 +204,12 @@ torch::Tensor Trainer::gradients(
 
 torch::Tensor Trainer::graph_gradients(int64_t accum, double scale) {
   // Several processes: the graph holds the buckets' collectives too (NCCL
-  // since 2.9.6 runs them in a graph); not with the optimizer state
-  // sharded, whose update gathers the pieces outside it.
+  // since 2.9.6 runs them in a graph; the copy engines' barriers and
+  // copies are captured like kernels). With the optimizer state sharded,
+  // the update and its all-gather stay outside, as every update does.
   if (!opt_.cuda_graphs || graphs_off_ || !StepGraph::built() ||
       !opt_.device.is_cuda() || !task_.next_inputs || !task_.loss_of ||
-      shard_optimizers_ || scaler_.enabled() || scale != 1.0 ||
-      test_oom_rows_ > 0)
+      scaler_.enabled() || scale != 1.0 || test_oom_rows_ > 0)
     return {};
   if (graph_ && (graph_micro_ != opt_.micro_batch || graph_accum_ != accum))
     drop_graph(); // another shape: warm up and capture again

@@ -1013,12 +1013,13 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
       std::string::npos)
       << r.err;
   // The copy engines asked for where they cannot average: on the CPU
-  // (Gloo), and with settings that rule them out whatever the device.
-  // Refused by every rank, saying why and what to set instead.
+  // (Gloo; sharded or not, they reduce-scatter on CUDA), and with settings
+  // that rule them out whatever the device. Refused by every rank, saying
+  // why and what to set instead.
   for (const auto& [extra, why] :
        std::vector<std::pair<std::string, std::string>>{
            {"zero_stage=0", "(they are on cpu, where Gloo sends them"},
-           {"zero_stage=1", "(zero_stage=1 reduce-scatters them)"},
+           {"zero_stage=1", "(they are on cpu, where Gloo sends them"},
            {"grad_reduce_dtype=bfloat16",
             "(grad_reduce_dtype=bfloat16 sends them in bfloat16)"}}) {
     r = test::run_orchard(

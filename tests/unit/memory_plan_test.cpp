@@ -60,11 +60,13 @@ TEST(MemoryPlan, ParameterCountsMatchTheRealModel) {
         estimate_memory(pm, s, 1, 2).gradients,
         e.gradients + grads + std::min(grads, double(100 << 20)) / 2);
     s.copy_engine_bucket = 0;
-    // zero_stage=1: each of the two ranks keeps half the moments.
+    // zero_stage=1: each of the two ranks keeps half the moments, but
+    // all of the embedding's (every rank steps it whole).
     s.shard_optimizer = true;
+    const double embedding = double(pm.vocab_size) * double(pm.n_embd);
     EXPECT_EQ(
         estimate_memory(pm, s, 1, 2).optimizer,
-        4.0 * double(model->num_parameters()));
+        4.0 * double(model->num_parameters()) + 4.0 * embedding);
   }
 }
 
@@ -157,11 +159,10 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
   cfg.grad_average = "auto";
   // What rules the copy engines out, and their scratch with more processes:
   // the largest bucket's share from each of the three others.
-  EXPECT_TRUE(copy_engines_may_average(true, 0, "float32", "auto"));
-  EXPECT_FALSE(copy_engines_may_average(false, 0, "float32", "auto"));
-  EXPECT_FALSE(copy_engines_may_average(true, 1, "float32", "auto"));
-  EXPECT_FALSE(copy_engines_may_average(true, 0, "bfloat16", "auto"));
-  EXPECT_FALSE(copy_engines_may_average(true, 0, "float32", "nccl"));
+  EXPECT_TRUE(copy_engines_may_average(true, "float32", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(false, "float32", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(true, "bfloat16", "auto"));
+  EXPECT_FALSE(copy_engines_may_average(true, "float32", "nccl"));
   EXPECT_EQ(copy_engine_scratch(400.0, 100.0, 4), 75.0);
   EXPECT_EQ(copy_engine_scratch(40.0, 100.0, 4), 30.0);
   EXPECT_EQ(copy_engine_scratch(40.0, 100.0, 1), 0.0);
@@ -169,6 +170,8 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
   cfg.zero_stage = 1;
   const auto sharded = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
   EXPECT_EQ(sharded.optimizer, one.optimizer / 2);
+  // Sharded, the copy engines reduce-scatter: the same scratch.
+  EXPECT_EQ(sharded.gradients, 2.5 * one.gradients);
   EXPECT_EQ(sharded.activations, one.activations);
   // Float32 gradients sent in bfloat16: the buckets again at half size.
   cfg.grad_reduce_dtype = "bfloat16";
