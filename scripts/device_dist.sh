@@ -11,7 +11,10 @@
 #   1b. The same for stage=trm (the quick Sudoku model): weights after 4
 #      steps, the puzzles in flight after 8.
 #   1c. The same with zero_stage=1 (ZeRO-1: two ranks, each with half the
-#      optimizer state) against one process, Muon and AdamW, float32.
+#      optimizer state) against one process, Muon and AdamW, float32; on
+#      CUDA AdamW also with grad_average=nccl.
+#   1d. (CUDA, "zlow") bfloat16, two processes with zero_stage=1 (pieces
+#      gathered in bfloat16) against two without, no clipping.
 #   2. Throughput: `orchard train` of a GPT (DEPTH, default 12: GPT-2
 #      small's shape with GPT-2's built-in tokenizer) on 1 and 2 processes,
 #      bfloat16, median tokens/s of the steps after the 5th; then PyTorch's
@@ -73,7 +76,7 @@ PY
 
 # (GRPO's part makes its model with transformers: CUDA machine only.)
 DEFAULT_PARTS="same trm zero zbench bench"
-[ "$DEV" = cuda ] && DEFAULT_PARTS="$DEFAULT_PARTS grpo"
+[ "$DEV" = cuda ] && DEFAULT_PARTS="$DEFAULT_PARTS zlow grpo"
 PARTS=" ${PARTS:-$DEFAULT_PARTS} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
@@ -185,6 +188,27 @@ if want zero; then
     grep -h "sharded\|Gradient averaging" $OUT/zero_two_$o.log
     same_weights "zero_stage=1 ($o), 1 vs 2 processes" z1_$o z2_$o
   done
+  # On CUDA the copy engines reduce-scatter and gather by default: NCCL too.
+  if [ "$DEV" = cuda ]; then
+    $O launch --nproc-per-node 2 --master-port 29564 -- $SMALL optimizer=adamw zero_stage=1 grad_average=nccl \
+      run_dir=$W/z2n_adamw > $OUT/zero_two_nccl.log 2>&1 || { status=1; tail -20 $OUT/zero_two_nccl.log; }
+    same_weights "zero_stage=1 (adamw), 1 vs 2 processes, grad_average=nccl" z1_adamw z2n_adamw
+  fi
+fi
+# 1d. (CUDA) ZeRO-1 in bfloat16: the projections' and lm_head's updated
+# pieces are gathered in bfloat16 (each owner keeps float32; autocast
+# rounds them so anyway). Without clipping (whose norm is summed in
+# another order), two processes with zero_stage=1 must train the weights
+# two processes without it train, to float rounding.
+if want zlow && [ "$DEV" = cuda ]; then
+  LOW=${SMALL/dtype=float32/dtype=bfloat16}
+  for z in 0 1; do
+    $O launch --nproc-per-node 2 --master-port 2958$z -- $LOW optimizer=adamw grad_clip=0 zero_stage=$z \
+      run_dir=$W/zl$z > $OUT/zlow_two_z$z.log 2>&1 || { status=1; tail -20 $OUT/zlow_two_z$z.log; }
+  done
+  grep -h "Gradient averaging" $OUT/zlow_two_z1.log | head -1
+  grep -q "gathered in BFloat16" $OUT/zlow_two_z1.log || { status=1; echo "zlow: nothing gathered in bfloat16"; }
+  same_weights "bfloat16, 2 processes: zero_stage=1 (gathered in bfloat16) vs 0" zl0 zl1
 fi
 
 # 1b. stage=trm, one process against two (each half the puzzles in
