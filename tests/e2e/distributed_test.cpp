@@ -254,6 +254,33 @@ TEST(Distributed, ThreeProcessesTrainWhatOneProcessTrains) {
   ASSERT_GT(all, 0) << sharded.out;
   EXPECT_GT(mine, all / 6) << sharded.out;
   EXPECT_LT(mine, all / 2) << sharded.out;
+  // Sharded too, the embedding's gradient is made from the three ranks'
+  // gathered rows, and every rank steps it whole.
+  EXPECT_NE(
+      sharded.out.find("1 made from every process's rows"), std::string::npos)
+      << sharded.out;
+  EXPECT_NE(
+      sharded.out.find("every rank steps the embedding's "), std::string::npos)
+      << sharded.out;
+  // Every step's gradient norm is one process's: the ranks' pieces'
+  // squares summed, the embedding's (on every rank) counted once.
+  auto norms = [&](const std::string& run) {
+    std::vector<double> n;
+    std::istringstream lines(
+        test::read_text(c.dir.file(run + "/metrics.jsonl")));
+    for (std::string line; std::getline(lines, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("grad_norm"))
+        n.push_back(j["grad_norm"].get<double>());
+    }
+    return n;
+  };
+  const auto one_norms = norms("one"), sharded_norms = norms("sharded");
+  ASSERT_EQ(one_norms.size(), 6u);
+  ASSERT_EQ(sharded_norms.size(), one_norms.size());
+  for (size_t i = 0; i < one_norms.size(); ++i)
+    EXPECT_NEAR(sharded_norms[i], one_norms[i], 1e-4 * one_norms[i])
+        << "step " << i + 1;
   EXPECT_LT(max_difference(c.weights("one", 6), c.weights("sharded", 6)), 2e-4);
 
   // Its step-3 checkpoint on two processes (one sequence a micro-step, so
@@ -682,6 +709,12 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
   EXPECT_GT(mine, all / 4) << two.out;
   EXPECT_LT(mine, 3 * all / 4) << two.out;
   EXPECT_NE(two.out.find("reduce-scattered"), std::string::npos) << two.out;
+  // The embedding is not sharded: every rank steps it whole (here its
+  // gradient is all-reduced: more rows a rank than the vocabulary's; its
+  // moments are whole in the checkpoint below all the same).
+  EXPECT_NE(
+      two.out.find("every rank steps the embedding's "), std::string::npos)
+      << two.out;
   // The regions are balanced: next to no padding is sent.
   const size_t padding = two.out.find(" % of the buckets is padding");
   ASSERT_NE(padding, std::string::npos) << two.out;
