@@ -265,7 +265,7 @@ for line in sys.stdin:
 PY
   G1="train stage=grpo model=$GM finetune=full env=answers data=$GD prompt_format=raw
     num_generations=8 gradient_accumulation_steps=1 max_completion_length=64 max_steps=4
-    learning_rate=1e-5 dtype=float32 eval_steps=0 eval_prompts=1 save_steps=0"
+    learning_rate=1e-5 dtype=float32 weights_dtype=float32 optim=adamw_torch eval_steps=0 eval_prompts=1 save_steps=0"
   chmod +x $W/ids_reward.py
   G1="$G1 reward_cmd=$W/ids_reward.py"
   $O $G1 per_device_train_batch_size=8 run_dir=$W/g1 > $OUT/grpo_one.log 2>&1 || { status=1; tail -20 $OUT/grpo_one.log; }
