@@ -65,6 +65,7 @@ class SymmetricMean final : public CopyEngineMean {
       largest = std::max(largest, share);
     }
     scratch_at_ = at;
+    pulled_ = std::vector<at::cuda::CUDAEvent>(buckets_.size());
     const int64_t total = at + largest * (world_ - 1);
     // Orchard never uses NVLink multicast; without this PyTorch would set
     // up a multicast object for the buffer where the GPUs offer one.
@@ -149,22 +150,32 @@ class SymmetricMean final : public CopyEngineMean {
     return buckets_[b].share;
   }
 
-  void gather(const std::vector<int64_t>& pull) override {
-    TORCH_CHECK(pull.size() == buckets_.size());
+  void gather(size_t b, int64_t n) override {
+    const Bucket& k = buckets_[b];
+    n = std::min(n, k.share);
     made_.record(c10::cuda::getCurrentCUDAStream());
     made_.block(stream_);
+    c10::cuda::CUDAStreamGuard on(stream_);
+    memory_->barrier(0, kBarrierTimeoutMs); // every owner has written b
+    for (int p = 0; p < world_; ++p)
+      if (p != me_) {
+        const int64_t at = k.at + k.share * p;
+        all_.narrow(0, at, n).copy_(peer_[size_t(p)].narrow(0, at, n));
+      }
+    pulled_[b].record(stream_);
+    gathering_ = true;
+  }
+
+  void gathered(size_t b) override {
+    pulled_[b].block(c10::cuda::getCurrentCUDAStream());
+  }
+
+  void end_gather() override {
+    if (!gathering_)
+      return;
+    gathering_ = false;
     {
       c10::cuda::CUDAStreamGuard on(stream_);
-      memory_->barrier(0, kBarrierTimeoutMs); // every owner has written
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        const Bucket& k = buckets_[b];
-        const int64_t n = std::min(pull[b], k.share);
-        for (int p = 0; p < world_ && n > 0; ++p)
-          if (p != me_) {
-            const int64_t at = k.at + k.share * p;
-            all_.narrow(0, at, n).copy_(peer_[size_t(p)].narrow(0, at, n));
-          }
-      }
       memory_->barrier(0, kBarrierTimeoutMs); // every rank has read mine
       done_.record(stream_);
     }
@@ -206,6 +217,8 @@ class SymmetricMean final : public CopyEngineMean {
   c10::intrusive_ptr<c10d::symmetric_memory::SymmetricMemory> memory_;
   std::vector<torch::Tensor> peer_; // each rank's all_, mapped here
   at::cuda::CUDAEvent made_, done_;
+  std::vector<at::cuda::CUDAEvent> pulled_; // each bucket's, gather()
+  bool gathering_ = false;
   bool sent_ = false;
   // Each bucket's share's sum of squared means (zero where not sent since
   // the last finish), and their total (share_squares).

@@ -63,12 +63,18 @@ class CopyEngineMean {
   // The values (in float32 values) of a rank's share of bucket b: rank
   // r's share starts at r x this in bucket(b).
   virtual int64_t share(size_t b) const = 0;
-  // After finish() and once the current stream has written this rank's
-  // share of the buckets: the first pull[b] values (a whole share, or
-  // half of one holding 16-bit values, or none) of every other rank's
-  // share of bucket b pulled into this rank's; the current stream then
-  // waits for every rank to have read this rank's shares.
-  virtual void gather(const std::vector<int64_t>& pull) = 0;
+  // The all-gather, a bucket at a time so that one bucket's pulls overlap
+  // the caller's work on the others. After finish(), once the current
+  // stream has written this rank's share of bucket b: gather(b, n) pulls
+  // the first n values (a whole share, or half of one holding 16-bit
+  // values) of every other rank's share of b into this rank's, on a side
+  // stream; gathered(b) makes the current stream wait for them. Each
+  // bucket gathered once, in the same order on every rank; then
+  // end_gather() makes the current stream wait for every rank to have
+  // read this rank's shares (before the next backward writes them).
+  virtual void gather(size_t b, int64_t n) = 0;
+  virtual void gathered(size_t b) = 0;
+  virtual void end_gather() = 0;
   // The current stream waits for every bucket sent since the last finish,
   // and for every rank to have read this rank's buckets (so that the next
   // backward may write them).

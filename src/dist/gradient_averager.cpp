@@ -573,37 +573,40 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return b.flat.view(gather_dtype_);
   }
 
-  // gather_parameters on the copy engines: each owner writes its pieces
-  // into its region of their bucket (a low bucket's in gather_dtype_,
-  // unless exact), every other region is pulled from its owner, and the
-  // others' pieces are copied out into the parameters.
+  // gather_parameters on the copy engines, a bucket at a time: each owner
+  // writes its pieces into its region of their bucket (a low bucket's in
+  // gather_dtype_, unless exact) and the other regions are pulled from
+  // their owners while it writes the next bucket's; once a bucket has
+  // arrived, the others' pieces are copied out into the parameters while
+  // the next one is pulled.
   void gather_on_copy_engines(bool exact) {
-    std::vector<bool> half;
-    std::vector<int64_t> pull; // float32 values of each other share
-    for (const Bucket& b : buckets_) {
-      half.push_back(b.gathers_low && !exact);
-      pull.push_back(b.everywhere ? 0 : half.back() ? b.region / 2 : b.region);
-    }
     const int me = rank();
-    for (size_t k = 0; k < pieces_.size(); ++k) {
-      if (pieces_[k].everywhere)
-        continue;
-      const auto [bucket, offset] = piece_at_[k];
-      const Bucket& b = buckets_[bucket];
-      const torch::Tensor value = pieces_[k].value.reshape({-1});
-      if (half[bucket])
-        low_values(b)
-            .narrow(0, offset + b.region * me, pieces_[k].length)
-            .copy_(value);
-      else
-        piece_in_bucket(k).copy_(value);
-    }
-    copies_->gather(pull);
+    std::vector<std::vector<size_t>> pieces_in(buckets_.size());
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      if (!pieces_[k].everywhere)
+        pieces_in[piece_at_[k].first].push_back(k);
+    auto half = [&](const Bucket& b) { return b.gathers_low && !exact; };
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       const Bucket& b = buckets_[bi];
       if (b.everywhere)
         continue;
-      const torch::Tensor low = half[bi] ? low_values(b) : torch::Tensor();
+      for (size_t k : pieces_in[bi]) {
+        const torch::Tensor value = pieces_[k].value.reshape({-1});
+        if (half(b))
+          low_values(b)
+              .narrow(0, piece_at_[k].second + b.region * me, pieces_[k].length)
+              .copy_(value);
+        else
+          piece_in_bucket(k).copy_(value);
+      }
+      copies_->gather(bi, half(b) ? b.region / 2 : b.region);
+    }
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const Bucket& b = buckets_[bi];
+      if (b.everywhere)
+        continue;
+      copies_->gathered(bi);
+      const torch::Tensor low = half(b) ? low_values(b) : torch::Tensor();
       for (size_t i : b.slots)
         for (const Segment& g : slots_[i].segments) {
           if (g.owner == me)
@@ -611,10 +614,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
           torch::Tensor into =
               slots_[i].param.detach().view({-1}).narrow(0, g.begin, g.length);
           into.copy_(
-              half[bi] ? low.narrow(0, g.offset + b.region * g.owner, g.length)
-                       : in_bucket(slots_[i], g));
+              half(b) ? low.narrow(0, g.offset + b.region * g.owner, g.length)
+                      : in_bucket(slots_[i], g));
         }
     }
+    copies_->end_gather();
   }
 
   // The sink (core/gradient_sink.h), on autograd's thread: the weight's
