@@ -131,8 +131,8 @@ void add_training_options(
        .access = at(&T::zero_stage),
        .help = "with several processes, 1 shards the optimizer state over "
                "them (ZeRO-1: gradients reduce-scattered, weights "
-               "all-gathered; each rank keeps 1/N of the state); 0 keeps "
-               "all of it on every rank (0)",
+               "all-gathered; each rank keeps 1/N of the state, a GPT's "
+               "embedding whole); 0 keeps all of it on every rank (0)",
        .min = 0,
        .max = 1});
   s.add(
