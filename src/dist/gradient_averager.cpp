@@ -189,6 +189,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
                              0, g.begin, g.length)});
             piece_at_.push_back({s.bucket, g.offset});
             piece_slot_.push_back(i);
+            buckets_[s.bucket].pieces.push_back(pieces_.size() - 1);
           }
       }
     }
@@ -362,8 +363,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   }
 
   void gather_parameters(bool exact) override {
-    if (!sharded_)
-      return;
+    bool rounded = false; // the last gather sent some values low
+    for (const Bucket& b : buckets_)
+      rounded = rounded || sends_low(b, /*exact=*/false);
+    if (!sharded_ || (exact && !rounded))
+      return; // every rank holds the owners' float32 values already
     torch::NoGradGuard no_grad;
     // Each piece's .grad (a view of its bucket, overwritten now) stays as
     // it is: a replayed CUDA graph writes the next mean there again.
@@ -371,12 +375,11 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
       gather_on_copy_engines(exact);
       return;
     }
-    for (size_t k = 0; k < pieces_.size(); ++k)
-      if (!pieces_[k].everywhere)
-        piece_in_bucket(k).copy_(pieces_[k].value.reshape({-1}));
-    for (auto& b : buckets_) {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      Bucket& b = buckets_[bi];
       if (b.everywhere)
         continue;
+      pack(bi, /*low=*/false);
       torch::Tensor mine = region(b, rank());
       detail::collective("gathering the updated parameters", [&] {
         if (b.flat.is_cuda()) { // NCCL: in place, this rank's region
@@ -392,20 +395,14 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
         b.work = detail::group().allreduce(v);
       });
     }
-    for (auto& b : buckets_) {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      Bucket& b = buckets_[bi];
       if (b.everywhere)
         continue;
       detail::collective(
           "gathering the updated parameters", [&] { b.work->wait(); });
       b.work.reset();
-      for (size_t i : b.slots)
-        for (const Segment& g : slots_[i].segments)
-          if (g.owner != rank())
-            slots_[i]
-                .param.detach()
-                .view({-1})
-                .narrow(0, g.begin, g.length)
-                .copy_(in_bucket(slots_[i], g));
+      unpack(bi, /*low=*/false);
     }
   }
 
@@ -514,6 +511,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     torch::TensorOptions options;
     bool gathers_low = false; // sharded: parameters gathered in gather_dtype_
     bool everywhere = false;  // sharded: not cut into regions (Shardable's)
+    std::vector<size_t> pieces; // sharded: this rank's (pieces_), in order
     int64_t values = 0; // sharded: world x region
     int64_t region = 0; // sharded: each rank's values
     std::vector<size_t> slots;
@@ -566,6 +564,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return buckets_[bucket].flat.narrow(0, offset, pieces_[k].length);
   }
 
+  // Whether bucket b's updated values are all-gathered in gather_dtype_
+  // (on the copy engines, unless `exact`).
+  bool sends_low(const Bucket& b, bool exact) const {
+    return copies_ && b.gathers_low && !exact;
+  }
+
   // A low bucket's values as gather_dtype_ (twice as many): rank r's
   // region's first half holds its values sent low, a value at offset o of
   // the float32 bucket at o + region x r of these.
@@ -573,50 +577,54 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     return b.flat.view(gather_dtype_);
   }
 
-  // gather_parameters on the copy engines, a bucket at a time: each owner
-  // writes its pieces into its region of their bucket (a low bucket's in
-  // gather_dtype_, unless exact) and the other regions are pulled from
-  // their owners while it writes the next bucket's; once a bucket has
-  // arrived, the others' pieces are copied out into the parameters while
-  // the next one is pulled.
+  // This rank's updated pieces of bucket bi written into its region, in
+  // gather_dtype_ where `low`.
+  void pack(size_t bi, bool low) {
+    const Bucket& b = buckets_[bi];
+    for (size_t k : b.pieces) {
+      const torch::Tensor value = pieces_[k].value.reshape({-1});
+      if (low)
+        low_values(b)
+            .narrow(
+                0, piece_at_[k].second + b.region * rank(), pieces_[k].length)
+            .copy_(value);
+      else
+        piece_in_bucket(k).copy_(value);
+    }
+  }
+
+  // The other ranks' pieces of bucket bi, gathered into their regions,
+  // copied out into the parameters.
+  void unpack(size_t bi, bool low) {
+    const Bucket& b = buckets_[bi];
+    const torch::Tensor values = low ? low_values(b) : b.flat;
+    for (size_t i : b.slots)
+      for (const Segment& g : slots_[i].segments)
+        if (g.owner != rank())
+          slots_[i]
+              .param.detach()
+              .view({-1})
+              .narrow(0, g.begin, g.length)
+              .copy_(values.narrow(
+                  0, low ? g.offset + b.region * g.owner : g.offset, g.length));
+  }
+
+  // gather_parameters on the copy engines, a bucket at a time: bucket b's
+  // regions are pulled from their owners while this rank packs the next
+  // bucket, and copied out into the parameters while the next is pulled.
   void gather_on_copy_engines(bool exact) {
-    const int me = rank();
-    std::vector<std::vector<size_t>> pieces_in(buckets_.size());
-    for (size_t k = 0; k < pieces_.size(); ++k)
-      if (!pieces_[k].everywhere)
-        pieces_in[piece_at_[k].first].push_back(k);
-    auto half = [&](const Bucket& b) { return b.gathers_low && !exact; };
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       const Bucket& b = buckets_[bi];
       if (b.everywhere)
         continue;
-      for (size_t k : pieces_in[bi]) {
-        const torch::Tensor value = pieces_[k].value.reshape({-1});
-        if (half(b))
-          low_values(b)
-              .narrow(0, piece_at_[k].second + b.region * me, pieces_[k].length)
-              .copy_(value);
-        else
-          piece_in_bucket(k).copy_(value);
-      }
-      copies_->gather(bi, half(b) ? b.region / 2 : b.region);
+      pack(bi, sends_low(b, exact));
+      copies_->gather(bi, sends_low(b, exact) ? b.region / 2 : b.region);
     }
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      const Bucket& b = buckets_[bi];
-      if (b.everywhere)
+      if (buckets_[bi].everywhere)
         continue;
       copies_->gathered(bi);
-      const torch::Tensor low = half(b) ? low_values(b) : torch::Tensor();
-      for (size_t i : b.slots)
-        for (const Segment& g : slots_[i].segments) {
-          if (g.owner == me)
-            continue;
-          torch::Tensor into =
-              slots_[i].param.detach().view({-1}).narrow(0, g.begin, g.length);
-          into.copy_(
-              half(b) ? low.narrow(0, g.offset + b.region * g.owner, g.length)
-                      : in_bucket(slots_[i], g));
-        }
+      unpack(bi, sends_low(buckets_[bi], exact));
     }
     copies_->end_gather();
   }
