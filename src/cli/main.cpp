@@ -51,6 +51,7 @@ int run(int argc, char** argv) {
       cli::register_export(app),
   };
   try {
+    configure_allocator();
     configure_cpu_threads();
     app.parse(argc, argv);
     for (auto& c : commands)

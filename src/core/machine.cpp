@@ -14,6 +14,10 @@
 #include <sstream>
 #include <thread>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #if defined(__APPLE__)
 #include <mach/mach.h>
 #include <sys/sysctl.h>
@@ -350,6 +354,18 @@ int configure_cpu_threads(const EnvLookup& env) {
   n = std::max(n, 1);
   torch::set_num_threads(n);
   return n;
+}
+
+bool configure_allocator() {
+#if defined(__GLIBC__)
+  // Setting either turns off glibc's own threshold that moves up as large
+  // blocks are freed; setting only the trim threshold would leave every
+  // block over 128 KiB to mmap.
+  return mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 &&
+      mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+#else
+  return false;
+#endif
 }
 
 std::string format_bytes(uint64_t bytes) {
