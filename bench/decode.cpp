@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
         stderr, "usage: %s MODEL_DIR DEVICE PROMPT NEW [BW_GBPS]\n", argv[0]);
     return 2;
   }
+  orchard::configure_allocator(); // as `orchard` does
   orchard::configure_cpu_threads();
   const std::string dir = argv[1];
   torch::Device dev(argv[2]);

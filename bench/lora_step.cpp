@@ -25,6 +25,7 @@ using orchard::bench::trace_stop;
 #endif
 
 int main(int argc, char** argv) {
+  orchard::configure_allocator(); // as `orchard` does
   if (argc < 5) {
     std::fprintf(
         stderr,

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
         argv[0]);
     return 2;
   }
+  orchard::configure_allocator(); // as `orchard` does
   orchard::configure_cpu_threads();
   torch::Device dev(argv[1]);
   orchard::models::GptConfig c;

@@ -32,6 +32,7 @@
 #endif
 
 int main(int argc, char** argv) {
+  orchard::configure_allocator(); // as `orchard` does
   if (argc < 9) {
     std::fprintf(
         stderr,

@@ -9,6 +9,7 @@
 // Prints seconds per step (median after 3 warm-up steps), cells per second
 // (BATCH x 81 per step) and the peak memory. ORCHARD_TRACE=FILE (the
 // orchard_bench_trm_trace build) writes a Kineto trace of one more step.
+#include "core/machine.h"
 #include "core/memory_stats.h"
 #include "core/torch_compat.h"
 #include "models/trm.h"
@@ -27,6 +28,7 @@
 #endif
 
 int main(int argc, char** argv) {
+  orchard::configure_allocator(); // as `orchard` does
   if (argc < 2) {
     std::fprintf(
         stderr, "usage: %s DEVICE [BATCH] [STEPS] [HIDDEN]\n", argv[0]);
