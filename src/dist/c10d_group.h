@@ -1,9 +1,9 @@
-// Inside src/dist only (world.cpp, gradient_averager.cpp): which c10d
-// backends this build has, the joined process group, and collective(),
-// which turns a broken group into a message. The including file defines
-// ORCHARD_C10D_COMPAT and includes core/torch_compat.h first, and is built
-// without the precompiled header (CMakeLists.txt), so that torch_compat.h's
-// c10d section is seen.
+// Inside src/dist only (world.cpp, gradient_averager.cpp, sharded_gather.cpp):
+// which c10d backends this build has, the joined process group, and
+// collective(), which turns a broken group into a message. The including file
+// defines ORCHARD_C10D_COMPAT and includes core/torch_compat.h first, and is
+// built without the precompiled header (CMakeLists.txt), so that
+// torch_compat.h's c10d section is seen.
 #pragma once
 
 #include "core/torch_compat.h"

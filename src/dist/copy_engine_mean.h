@@ -1,4 +1,4 @@
-// Inside src/dist only (gradient_averager.cpp): the mean of float32
+// Inside src/dist only (overlapped_averager.h): the mean of float32
 // gradient buckets over the processes of one host, moved by the GPUs' copy
 // engines through PyTorch's symmetric memory (c10d's symm_mem) instead of
 // NCCL's kernels. NCCL's all-reduce runs on the SMs that the backward's
