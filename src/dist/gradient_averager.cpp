@@ -28,7 +28,8 @@ OverlappedAverager::OverlappedAverager(
       same_rows_(options.same_rows_on_every_rank),
       reduce_dtype_(options.reduce_dtype),
       mover_(options.mover),
-      gather_dtype_(options.gather_dtype) {
+      gather_dtype_(options.gather_dtype),
+      copy_pieces_(options.copy_pieces) {
   // For measuring what the collectives cost, never for training: "all"
   // sends no bucket, "last" all but the last (each rank then steps on
   // its own gradients there).

@@ -19,11 +19,13 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -142,10 +144,18 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   // This rank's updated pieces of bucket bi written into its region, in
   // gather_dtype_ where `low`.
   void pack(size_t bi, bool low);
-
   // The other ranks' pieces of bucket bi, gathered into their regions,
   // copied out into the parameters.
   void unpack(size_t bi, bool low);
+  // pack's (`in`) or unpack's copies of bucket bi, as (from, to) pairs, run
+  // as copy_pieces_ prepared them the first time (one kernel on CUDA).
+  void copy_pieces(size_t bi, bool in, bool low);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pieces_in(
+      size_t bi,
+      bool low);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pieces_out(
+      size_t bi,
+      bool low);
 
   // gather_parameters on the copy engines, a bucket at a time: bucket b's
   // regions are pulled from their owners while this rank packs the next
@@ -223,6 +233,9 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
   torch::ScalarType reduce_dtype_;
   AveragingOptions::Mover mover_;
   torch::ScalarType gather_dtype_;
+  AveragingOptions::CopyPieces copy_pieces_;
+  // copy_pieces' prepared copies: (bucket, in, low) -> what runs them.
+  std::map<std::tuple<size_t, bool, bool>, std::function<void()>> prepared_;
   bool rounds_ = false;
   bool sent_low_ = false; // this step (send_low)
   size_t gathered_ = 0;

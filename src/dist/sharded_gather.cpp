@@ -157,30 +157,58 @@ std::string OverlappedAverager::format_share(double x) {
 }
 
 void OverlappedAverager::pack(size_t bi, bool low) {
-  const Bucket& b = buckets_[bi];
-  for (size_t k : b.pieces) {
-    const torch::Tensor value = pieces_[k].value.reshape({-1});
-    if (low)
-      low_values(b)
-          .narrow(0, piece_at_[k].second + b.region * rank(), pieces_[k].length)
-          .copy_(value);
-    else
-      piece_in_bucket(k).copy_(value);
-  }
+  copy_pieces(bi, /*in=*/true, low);
 }
 
 void OverlappedAverager::unpack(size_t bi, bool low) {
+  copy_pieces(bi, /*in=*/false, low);
+}
+
+void OverlappedAverager::copy_pieces(size_t bi, bool in, bool low) {
+  auto key = std::tuple{bi, in, low};
+  auto found = prepared_.find(key);
+  if (found == prepared_.end()) {
+    auto pairs = in ? pieces_in(bi, low) : pieces_out(bi, low);
+    std::function<void()> run =
+        copy_pieces_ ? copy_pieces_(std::move(pairs)) : [pairs] {
+          for (const auto& [from, to] : pairs)
+            to.detach().copy_(from);
+        };
+    found = prepared_.emplace(key, std::move(run)).first;
+  }
+  found->second();
+}
+
+std::vector<std::pair<torch::Tensor, torch::Tensor>> OverlappedAverager::
+    pieces_in(size_t bi, bool low) {
+  const Bucket& b = buckets_[bi];
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
+  for (size_t k : b.pieces) {
+    const torch::Tensor value = pieces_[k].value.detach().view({-1});
+    pairs.push_back(
+        {value,
+         low ? low_values(b).narrow(
+                   0,
+                   piece_at_[k].second + b.region * rank(),
+                   pieces_[k].length)
+             : piece_in_bucket(k)});
+  }
+  return pairs;
+}
+
+std::vector<std::pair<torch::Tensor, torch::Tensor>> OverlappedAverager::
+    pieces_out(size_t bi, bool low) {
   const Bucket& b = buckets_[bi];
   const torch::Tensor values = low ? low_values(b) : b.flat;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
   for (size_t i : b.slots)
     for (const Segment& g : slots_[i].segments)
       if (g.owner != rank())
-        slots_[i]
-            .param.detach()
-            .view({-1})
-            .narrow(0, g.begin, g.length)
-            .copy_(values.narrow(
-                0, low ? g.offset + b.region * g.owner : g.offset, g.length));
+        pairs.push_back(
+            {values.narrow(
+                 0, low ? g.offset + b.region * g.owner : g.offset, g.length),
+             slots_[i].param.detach().view({-1}).narrow(0, g.begin, g.length)});
+  return pairs;
 }
 
 void OverlappedAverager::gather_on_copy_engines(bool exact) {

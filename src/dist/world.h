@@ -139,6 +139,14 @@ struct AveragingOptions {
   // all-gathered in (bfloat16 or float16 under autocast; float32 sends
   // them as they are).
   torch::ScalarType gather_dtype = torch::kFloat32;
+  // ZeRO-1's copies between the parameters and the buckets (each rank's
+  // updated pieces in, the others' out), a bucket at a time: given the
+  // (from, to) pairs, what copies them, prepared once and run every step.
+  // train passes ops::prepare_copies (one CUDA kernel for all the pieces);
+  // unset, a copy_ a pair.
+  using CopyPieces = std::function<std::function<void()>(
+      std::vector<std::pair<torch::Tensor, torch::Tensor>>)>;
+  CopyPieces copy_pieces;
 };
 // The Mover a grad_average setting names ("auto", "nccl", "copy_engines").
 AveragingOptions::Mover mover_named(const std::string& name);

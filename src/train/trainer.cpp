@@ -8,6 +8,7 @@
 #include "core/progress.h"
 #include "core/torch_compat.h"
 #include "dist/world.h"
+#include "ops/copy_pieces.h"
 #include "ops/mean_of.h"
 #include "train/schedule.h"
 #include "train/sharded_optimizer.h"
@@ -170,7 +171,8 @@ void Trainer::make_averager() {
       .bucket_bytes = opt_.bucket_cap_mb << 20,
       .mover = opt_.grad_average,
       .mean_of = ops::mean_of,
-      .gather_dtype = low ? opt_.precision.compute : torch::kFloat32};
+      .gather_dtype = low ? opt_.precision.compute : torch::kFloat32,
+      .copy_pieces = ops::prepare_copies};
   if (opt_.zero_stage < 1) {
     averager_ = dist::GradientAverager::make(trained, sends);
     return;
@@ -264,8 +266,7 @@ int64_t Trainer::resume() {
     log_(
         "The checkpoint was written by " + std::to_string(was) +
         " process(es)" +
-        (was_sharded ? ", each keeping its share of the optimizer state"
-                     : "") +
+        (was_sharded ? ", each keeping its share of the optimizer state" : "") +
         "; this run has " + std::to_string(dist::size()) +
         (shard_optimizers_
              ? ", each taking its share of the checkpoint's optimizer state "

@@ -417,4 +417,15 @@ int mean_of(
     float* squares,
     void* stream);
 
+// ops::prepare_copies (ops/copy_pieces.h): `chunks` rows of (source
+// address, destination address, count <= kCopyChunk) in device memory,
+// each copied with the cast from `from` to `to`.
+constexpr int64_t kCopyChunk = 8192;
+int copy_pieces(
+    const int64_t* table,
+    int64_t chunks,
+    Dtype from,
+    Dtype to,
+    void* stream);
+
 } // namespace orchard::ops::cuda
