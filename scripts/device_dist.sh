@@ -303,6 +303,9 @@ DEPTH=${DEPTH:-12}
 B=${B:-16}
 T=${T:-1024}
 STEPS=${STEPS:-30}
+# ACCUM=N: N micro-steps of B x T a process a step (gradient accumulation;
+# the peer's DDP averages on the last one only, as Orchard does).
+A=${ACCUM:-1}
 BIG="train --device $DEV data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=$DEPTH max_seq_len=$T
   optimizer=${OPTIM:-adamw} device_batch_size=$B num_iterations=$STEPS eval_every=0 sample_every=0 save_every=0
   eval_tokens=$((B * T))"
@@ -334,18 +337,18 @@ if want kill && [ "$DEV" = cuda ]; then
 fi
 if want zbench; then
   for z in 0 1; do
-    $O launch --nproc-per-node 2 --master-port 29566 -- $BIG total_batch_size=$((2 * B * T)) zero_stage=$z run_dir=$W/bz$z \
+    $O launch --nproc-per-node 2 --master-port 29566 -- $BIG total_batch_size=$((A * 2 * B * T)) zero_stage=$z run_dir=$W/bz$z \
       > $OUT/bench_zero$z.log 2>&1 || { status=1; tail -20 $OUT/bench_zero$z.log; }
-    echo "{\"orchard\": \"d$DEPTH ${B}x$T two processes\", \"optimizer\": \"${OPTIM:-adamw}\", \"zero_stage\": $z, \"tokens_per_s\": $(median $W/bz$z/metrics.jsonl), \"peak\": \"$(peak $OUT/bench_zero$z.log)\"}" | tee -a "$RESULT/dist_bench.jsonl"
+    echo "{\"orchard\": \"d$DEPTH ${B}x$T accum $A two processes\", \"optimizer\": \"${OPTIM:-adamw}\", \"zero_stage\": $z, \"tokens_per_s\": $(median $W/bz$z/metrics.jsonl), \"peak\": \"$(peak $OUT/bench_zero$z.log)\"}" | tee -a "$RESULT/dist_bench.jsonl"
   done
 fi
 want bench || exit $status
-$O $BIG total_batch_size=$((B * T)) run_dir=$W/b1 > $OUT/bench_one.log 2>&1 || { status=1; tail -20 $OUT/bench_one.log; }
-$O launch --nproc-per-node 2 --master-port 29562 -- $BIG total_batch_size=$((2 * B * T)) \
+$O $BIG total_batch_size=$((A * B * T)) run_dir=$W/b1 > $OUT/bench_one.log 2>&1 || { status=1; tail -20 $OUT/bench_one.log; }
+$O launch --nproc-per-node 2 --master-port 29562 -- $BIG total_batch_size=$((A * 2 * B * T)) \
   grad_reduce_dtype=${GRAD_REDUCE:-float32} run_dir=$W/b2 \
   > $OUT/bench_two.log 2>&1 || { status=1; tail -20 $OUT/bench_two.log; }
 one=$(median $W/b1/metrics.jsonl); two=$(median $W/b2/metrics.jsonl)
-echo "{\"orchard\": \"d$DEPTH ${B}x$T\", \"one\": $one, \"two\": $two}" | tee -a "$RESULT/dist_bench.jsonl"
+echo "{\"orchard\": \"d$DEPTH ${B}x$T accum $A\", \"one\": $one, \"two\": $two}" | tee -a "$RESULT/dist_bench.jsonl"
 grep -h "Gradient averaging" $OUT/bench_two.log | head -1 | tee -a "$RESULT/dist_bench.jsonl"
 # TRACE_STEP=N-M: those steps of the one- and two-process runs traced
 # again (rank 0 and rank 1 each write a trace), summed, and brought back
@@ -353,9 +356,9 @@ grep -h "Gradient averaging" $OUT/bench_two.log | head -1 | tee -a "$RESULT/dist
 if [ -n "${TRACE_STEP:-}" ] && [ "$DEV" = cuda ]; then
   TB=${BIG/num_iterations=$STEPS/num_iterations=${TRACE_STEP#*-}}
   ORCHARD_TRACE=$OUT/one.json ORCHARD_TRACE_STEP=$TRACE_STEP $O $TB \
-    total_batch_size=$((B * T)) run_dir=$W/t1 > $OUT/trace_one.log 2>&1 || status=1
+    total_batch_size=$((A * B * T)) run_dir=$W/t1 > $OUT/trace_one.log 2>&1 || status=1
   ORCHARD_TRACE=$OUT/two.json ORCHARD_TRACE_STEP=$TRACE_STEP $O launch --nproc-per-node 2 --master-port 29564 -- \
-    $TB total_batch_size=$((2 * B * T)) run_dir=$W/t2 > $OUT/trace_two.log 2>&1 || status=1
+    $TB total_batch_size=$((A * 2 * B * T)) run_dir=$W/t2 > $OUT/trace_two.log 2>&1 || status=1
   for t in one.json two.json two.json.rank1; do
     [ -f $OUT/$t ] || continue
     echo "trace: $t" | tee -a "$RESULT/dist_trace.txt"
@@ -366,6 +369,7 @@ fi
 [ "${PEERS:-1}" = 1 ] || exit $status # PEERS=0: Orchard's runs only
 MODE=eager; [ "${COMPILE:-0}" = 1 ] && MODE=compile
 PREC=bf16; [ "$DEV" = cpu ] && PREC=fp32
+export PEER_ACCUM=$A
 WIDTH=$((64 * DEPTH)); HEADS=$(( WIDTH / 128 > 0 ? WIDTH / 128 : 1 ))
 $PY bench/peers/gpt_train_step.py $DEV $DEPTH $WIDTH $HEADS 50257 $B $T $STEPS $MODE $PREC 2>&1 | tail -1 | tee -a "$RESULT/dist_bench.jsonl"
 # Underscored flags: both torchrun 1.13 (Debian's) and 2.x take them; 1.13

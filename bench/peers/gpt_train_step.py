@@ -22,6 +22,11 @@ DDP_HOOK=bf16: DDP sends the gradients in bfloat16 (its
 bf16_compress_hook: each bucket cast down, all-reduced, cast back), what
 `orchard train grad_reduce_dtype=bfloat16` does.
 
+PEER_ACCUM=N: N micro-steps of BATCH x SEQ a step (gradient accumulation,
+1 by default); under DDP the first N-1 run in `no_sync()`, so the buckets
+are averaged once, during the last backward, as Orchard does with
+total_batch_size = N x BATCH x SEQ x processes.
+
 PEER_TRACE=FILE: after timing, one more step under torch.profiler written
 to FILE as a Chrome trace (bench/trace_summary.py sums its kernels).
 """
@@ -160,16 +165,25 @@ def main():
     torch.manual_seed(rank + 1)  # each rank its own tokens
     x = torch.randint(0, V, (B, T), device=dev)
     y = torch.randint(0, V, (B, T), device=dev)
+    accum = int(os.environ.get("PEER_ACCUM", "1"))
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
-    def train_step():
+    def micro_step():
         if prec == "bf16":
             with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
                 loss = step_fn(x, y)
         else:
             loss = step_fn(x, y)
+        (loss / accum).backward()
+
+    def train_step():
         for opt in opts:
             opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for m in range(accum):
+            if world > 1 and m < accum - 1:
+                with model.no_sync():  # DDP averages on the last backward only
+                    micro_step()
+            else:
+                micro_step()
         for opt in opts:
             opt.step()
 
@@ -199,7 +213,8 @@ def main():
         ddp = f" DDP x{world}" if world > 1 else ""
         if world > 1 and os.environ.get("DDP_HOOK") == "bf16":
             ddp += " (bf16_compress_hook)"
-        print(f"pytorch {mode} {prec} {optim}{ddp} d{L} w{C} vocab {V} batch {B}x{T}: {world * B * T / med:.0f} tokens/s "
+        acc = f" accum {accum}" if accum > 1 else ""
+        print(f"pytorch {mode} {prec} {optim}{ddp} d{L} w{C} vocab {V} batch {B}x{T}{acc}: {world * accum * B * T / med:.0f} tokens/s "
               f"(median {med:.4f} s/step), peak {peak:.0f} MB, {n} params")
 
 
