@@ -13,6 +13,7 @@
 #            (SET=grad_reduce_dtype=bfloat16);
 #            a label starting "one" runs one process on GPU 0 instead
 #            (the reference the two are measured against).
+# ACCUM=N: N micro-steps of B x T a process a step.
 # UNIT=1 also builds the unit tests and runs TESTS (a gtest filter) first.
 # SKIP_BUILD=1 reuses build-cuda. Logs in $OUT.
 set -uo pipefail
@@ -31,7 +32,7 @@ med() { python3 -c "
 import json,sys
 rows=[json.loads(l) for l in open(sys.argv[1]) if '\"tokens_per_s\"' in l][5:]
 v=sorted(r['tokens_per_s'] for r in rows); print(sys.argv[2], f'{v[len(v)//2]:.0f}')" $1/metrics.jsonl "$2"; }
-DEPTH=${DEPTH:-12} B=${B:-16} T=${T:-1024}
+DEPTH=${DEPTH:-12} B=${B:-16} T=${T:-1024} A=${ACCUM:-1}
 BIG="train --device cuda data_paths=[$W/corpus.txt] tokenizer=gpt2 depth=$DEPTH max_seq_len=$T optimizer=adamw
   device_batch_size=$B num_iterations=30 eval_every=0 sample_every=0 save_every=0 eval_tokens=$((B * T))"
 O=build-cuda/orchard
@@ -52,10 +53,10 @@ for spec in ${SPECS:-}; do
   envs=$(echo "${envs//,/ }" | tr ' ' '\n' | grep -v '^SET=' | tr '\n' ' '); envs=${envs:-X=1}
   rm -rf $W/r$i # a warm machine's earlier run would be resumed, not run
   if [[ $label == one* ]]; then
-    env $envs CUDA_VISIBLE_DEVICES=0 $O $BIG total_batch_size=$((B * T)) run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
+    env $envs CUDA_VISIBLE_DEVICES=0 $O $BIG total_batch_size=$((A * B * T)) run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
     med $W/r$i "d$DEPTH one process, $label"; continue
   fi
-  env $envs $O launch --nproc-per-node 2 --master-port $((29600 + i)) -- $BIG total_batch_size=$((2 * B * T)) \
+  env $envs $O launch --nproc-per-node 2 --master-port $((29600 + i)) -- $BIG total_batch_size=$((A * 2 * B * T)) \
     $extra run_dir=$W/r$i > $OUT/r$i.log 2>&1 || tail -5 $OUT/r$i.log
-  med $W/r$i "d$DEPTH two processes, $label"
+  med $W/r$i "d$DEPTH accum $A two processes, $label"
 done

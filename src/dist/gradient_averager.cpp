@@ -192,8 +192,15 @@ void OverlappedAverager::arm() {
   gathered_ = 0;
   gathered_bytes_ = 0;
   squares_whole_ = copies_ != nullptr;
-  for (auto& s : slots_)
+  for (auto& s : slots_) {
     s.ready = s.given = s.gathered = false;
+    // Earlier micro-steps' sum out of .grad: the last backward's gradient
+    // gets it added once, in its bucket (on_gradient), and autograd keeps
+    // that gradient as .grad rather than adding it to this a second time.
+    s.earlier = s.param.grad();
+    if (s.earlier.defined())
+      s.param.mutable_grad() = torch::Tensor();
+  }
   set_gradient_sink(this);
   for (auto& b : buckets_) {
     b.ready = 0;
@@ -205,6 +212,12 @@ void OverlappedAverager::disarm() {
   leave_sink();
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = false;
+  // The step is given up (with several processes the run then stops): its
+  // gradients, partly in the buckets, are dropped.
+  for (auto& s : slots_) {
+    s.earlier = torch::Tensor();
+    s.param.mutable_grad() = torch::Tensor();
+  }
   for (auto& b : buckets_)
     try { // called while an error unwinds: never throws
       if (b.work)
@@ -225,7 +238,7 @@ void OverlappedAverager::finish() {
     for (size_t i = 0; i < slots_.size(); ++i)
       if (!slots_[i].ready) {
         const Slot& s = slots_[i];
-        const torch::Tensor& acc = s.param.grad();
+        const torch::Tensor& acc = s.earlier;
         if (!acc.defined())
           unused_here.push_back(int64_t(i));
         for (const Segment& g : s.segments)
@@ -238,6 +251,8 @@ void OverlappedAverager::finish() {
       }
     launch_ready(/*in_backward=*/false);
     armed_ = false;
+    for (auto& s : slots_) // added into the buckets
+      s.earlier = torch::Tensor();
   }
   // How many ranks gave each parameter a gradient, summed after the
   // buckets (the same collective on every rank, in the same order).
@@ -362,7 +377,7 @@ torch::Tensor OverlappedAverager::gathered_gradient(
     if (sharded_ && !s.everywhere)
       return {};
     const int64_t n = rows.size(0);
-    if (s.ready || s.given || s.param.grad().defined() ||
+    if (s.ready || s.given || s.earlier.defined() ||
         n * size() >= 2 * num_rows || rows.dim() != 2 ||
         s.param.numel() != num_rows * rows.size(1) ||
         rows.scalar_type() != s.param.scalar_type() || !sum.same_bits(rows))
@@ -409,14 +424,17 @@ void OverlappedAverager::on_gradient(size_t i, const torch::Tensor& g) {
     launch_ready(/*in_backward=*/true);
     return;
   }
-  const torch::Tensor& acc = s.param.grad();
+  const torch::Tensor& acc = s.earlier;
   const torch::Tensor flat_g = g.reshape({-1});
   for (const Segment& seg : s.segments) {
     torch::Tensor dst = in_bucket(s, seg);
     const torch::Tensor part = flat_g.narrow(0, seg.begin, seg.length);
-    if (s.given && !acc.defined() && part.data_ptr() == dst.data_ptr() &&
-        part.is_contiguous())
+    if (s.given && part.data_ptr() == dst.data_ptr() &&
+        part.is_contiguous()) { // made in the bucket by its product
+      if (acc.defined())
+        dst.add_(acc.reshape({-1}).narrow(0, seg.begin, seg.length));
       continue;
+    }
     if (acc.defined())
       torch::add_out(
           dst, acc.reshape({-1}).narrow(0, seg.begin, seg.length), part);

@@ -86,6 +86,12 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
     // already, not copied into its bucket.
     bool gathered;
     bool everywhere; // sharded, yet stepped whole by every rank
+    // What earlier micro-steps of the step accumulated in .grad, moved
+    // out by arm(): the last backward's gradient is then made in the
+    // bucket (or copied there) with this added, and autograd keeps it as
+    // .grad without adding it up a second time (finish() replaces .grad
+    // by the mean anyway). Released by finish() and disarm().
+    torch::Tensor earlier;
   };
   struct Bucket {
     torch::TensorOptions options;
@@ -164,8 +170,7 @@ class OverlappedAverager final : public GradientAverager, public GradientSink {
 
   // The sink (core/gradient_sink.h), on autograd's thread: the weight's
   // place in its bucket, once a backward, where the gradient lands whole
-  // in one place and nothing is accumulated in .grad from earlier
-  // micro-steps to add to it.
+  // in one place (on_gradient adds what earlier micro-steps accumulated).
   torch::Tensor destination(std::intptr_t key) override;
 
   // The sink's gathered embedding gradient (core/gradient_sink.h), on
