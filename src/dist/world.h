@@ -168,7 +168,8 @@ class GradientAverager {
   virtual ~GradientAverager() = default;
   virtual void arm() = 0;
   virtual void finish() = 0;
-  // Drops an armed step's sends (out of memory mid-backward).
+  // Drops an armed step's sends and its gradients (an error mid-backward;
+  // with several processes the run then stops).
   virtual void disarm() = 0;
   // What the last step did: how many buckets, and how many of them were
   // sent while the backward still ran.
