@@ -40,7 +40,7 @@ i=0
 if [ "${ALONE:-0}" = 1 ]; then
   one() { # GPU, run name, extra settings
     rm -rf $W/$2 # a warm machine's earlier run would be resumed, not run
-    CUDA_VISIBLE_DEVICES=$1 $O $BIG total_batch_size=$((B * T)) ${3:-} run_dir=$W/$2 > $OUT/$2.log 2>&1
+    CUDA_VISIBLE_DEVICES=$1 $O $BIG total_batch_size=$((A * B * T)) ${3:-} run_dir=$W/$2 > $OUT/$2.log 2>&1
     med $W/$2 "d$DEPTH $2"; }
   one 0 gpu0_alone; one 1 gpu1_alone
   one 0 gpu0_beside_gpu1 & one 1 gpu1_beside_gpu0; wait

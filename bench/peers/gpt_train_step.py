@@ -165,7 +165,10 @@ def main():
     torch.manual_seed(rank + 1)  # each rank its own tokens
     x = torch.randint(0, V, (B, T), device=dev)
     y = torch.randint(0, V, (B, T), device=dev)
-    accum = int(os.environ.get("PEER_ACCUM", "1"))
+    accum = os.environ.get("PEER_ACCUM", "1")
+    if not accum.isdigit() or int(accum) < 1:
+        sys.exit(f"PEER_ACCUM={accum!r}: the micro-steps a step must be a whole number >= 1")
+    accum = int(accum)
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     def micro_step():
         if prec == "bf16":
