@@ -5,8 +5,8 @@ export_chrome_trace): kernel count, busy time, span, and the top kernels.
 With --ops, the CPU ops of an autograd-profiler trace instead
 (orchard_bench_train with ORCHARD_CPU_PROFILE=FILE): each op's self time,
 its time less the ops it called, summed by name. With --streams, a trace
-with several CUDA streams (a rank of a two-GPU run): each stream's busy
-and NCCL time, the busiest stream's (the compute stream's) gaps with what
+with several CUDA streams (a rank of a two-GPU run): each stream's
+device, busy and NCCL time, the busiest stream's (the compute stream's) gaps with what
 ran on the others meanwhile, and with --against ONE.json[.gz] (a
 one-process trace) its kernels' time beside that trace's, by name, the
 largest differences first.
@@ -50,7 +50,9 @@ def streams(path, against, top):
     for s, es in sorted(per.items(), key=lambda kv: -sum(e["dur"] for e in kv[1])):
         busy = sum(e["dur"] for e in es)
         nccl = sum(e["dur"] for e in es if "nccl" in e["name"].lower())
-        print(f"  stream {s}: {len(es)} kernels, busy {busy / 1e3:.2f} ms, NCCL {nccl / 1e3:.2f} ms")
+        devices = sorted({str(e.get("args", {}).get("device", "?")) for e in es})
+        print(f"  stream {s} (device {','.join(devices)}): {len(es)} kernels, busy {busy / 1e3:.2f} ms, "
+              f"NCCL {nccl / 1e3:.2f} ms")
     main_stream = max(per, key=lambda s: sum(e["dur"] for e in per[s]))
     comp = sorted(per[main_stream], key=lambda e: e["ts"])
     other = [e for e in kern if stream_of(e) != main_stream]
