@@ -91,18 +91,7 @@ DeviceInfo select_device(
   if (!launch.multi())
     return d;
   check_distributed_supported(d, launch.world);
-  if (d.device.is_cuda()) {
-    const int gpus = int(machine.cuda.size());
-    if (launch.local_rank >= gpus)
-      throw UserError(
-          "LOCAL_RANK=" + std::to_string(launch.local_rank) +
-          " but this "
-          "machine has " +
-          std::to_string(gpus) + " GPU(s): start at most " +
-          std::to_string(gpus) + " processes per node (--nproc-per-node " +
-          std::to_string(gpus) + "), or set CUDA_VISIBLE_DEVICES.");
-    d.device = torch::Device(torch::kCUDA, launch.local_rank);
-  }
+  d = device_of_local_rank(d, machine, launch.local_rank);
   if (launch.rank == 0)
     std::fprintf(
         status_stream(),

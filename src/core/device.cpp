@@ -171,4 +171,21 @@ void check_distributed_supported(const DeviceInfo& d, int world_size) {
         "process (unset WORLD_SIZE).");
 }
 
+DeviceInfo device_of_local_rank(
+    const DeviceInfo& d,
+    const MachineFacts& m,
+    int local_rank) {
+  if (!d.device.is_cuda())
+    return d;
+  const int gpus = static_cast<int>(m.cuda.size());
+  if (local_rank < 0 || local_rank >= gpus)
+    throw UserError(
+        "LOCAL_RANK=" + std::to_string(local_rank) + " but this machine has " +
+        std::to_string(gpus) + " GPU(s): start at most " +
+        std::to_string(gpus) + " processes per node (--nproc-per-node " +
+        std::to_string(gpus) + "), or set CUDA_VISIBLE_DEVICES.");
+  return cuda_device(
+      m, local_rank, d.why + ", LOCAL_RANK=" + std::to_string(local_rank));
+}
+
 } // namespace orchard

@@ -42,4 +42,13 @@ std::vector<std::string> platform_notes(const MachineFacts& m);
 // Apple GPUs. Throws UserError there when world_size > 1.
 void check_distributed_supported(const DeviceInfo& d, int world_size);
 
+// Of several processes on one host, the one with this LOCAL_RANK: on CUDA,
+// GPU `local_rank` with its own name and memory (what the memory planner
+// reads), else `d` unchanged. Throws UserError when this host has too few
+// GPUs for that rank.
+DeviceInfo device_of_local_rank(
+    const DeviceInfo& d,
+    const MachineFacts& m,
+    int local_rank);
+
 } // namespace orchard

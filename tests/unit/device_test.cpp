@@ -146,6 +146,37 @@ TEST(Device, MultiProcessTrainingRefusedOnMpsOnly) {
   }
 }
 
+// Of several processes, each plans with its own GPU's memory: GPU 1 here
+// is half full, and rank 1 must see that, not GPU 0's free memory.
+TEST(Device, EachLocalRankGetsItsOwnGpusFacts) {
+  MachineFacts m = cuda_box(2);
+  m.cuda[1] = {"NVIDIA H200", 141 * kGiB, 70 * kGiB, 90};
+  const DeviceInfo chosen = resolve_device("auto", m);
+  const DeviceInfo rank1 = device_of_local_rank(chosen, m, 1);
+  EXPECT_EQ(rank1.device, c10::Device(c10::DeviceType::CUDA, 1));
+  EXPECT_EQ(rank1.name, "NVIDIA H200");
+  EXPECT_EQ(rank1.total_memory, 141 * kGiB);
+  EXPECT_EQ(rank1.free_memory, 70 * kGiB);
+  EXPECT_EQ(rank1.compute_capability, 90);
+  EXPECT_NE(rank1.why.find("LOCAL_RANK=1"), std::string::npos) << rank1.why;
+  const DeviceInfo rank0 = device_of_local_rank(chosen, m, 0);
+  EXPECT_EQ(rank0.device, c10::Device(c10::DeviceType::CUDA, 0));
+  EXPECT_EQ(rank0.free_memory, 79 * kGiB);
+  try {
+    device_of_local_rank(chosen, m, 2);
+    FAIL() << "expected a refusal";
+  } catch (const UserError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("LOCAL_RANK=2 but this machine has 2 GPU"),
+        std::string::npos)
+        << e.what();
+  }
+  // Gloo on the CPU: every rank shares the one device.
+  const DeviceInfo cpu = resolve_device("cpu", m);
+  EXPECT_EQ(device_of_local_rank(cpu, m, 1).device, cpu.device);
+  EXPECT_EQ(device_of_local_rank(cpu, m, 1).free_memory, cpu.free_memory);
+}
+
 TEST(Device, SimulatedMachines) {
   for (int gb : {16, 32, 64, 128}) {
     MachineFacts m = simulated_machine("mps", gb);
