@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a command while nvidia-smi samples every GPU's SM clock, power,
-# temperature and utilization every 200 ms, then prints for each GPU the
+# temperature and utilization every 100 ms, then prints for each GPU the
 # medians over the samples where it was busy (utilization >= 50 %) and the
 # clock-limit reasons seen then. Two GPUs running one synchronous step go
 # at the slower one's pace: this says whether one ran at lower clocks.
@@ -11,7 +11,7 @@ set -uo pipefail
 label=$1; shift
 log=$(mktemp)
 nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
-  --format=csv,noheader,nounits -lms 200 > "$log" 2>/dev/null &
+  --format=csv,noheader,nounits -lms 100 > "$log" 2>/dev/null &
 sampler=$!
 "$@"; rc=$?
 kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
