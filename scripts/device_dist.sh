@@ -15,6 +15,9 @@
 #      CUDA AdamW also with grad_average=nccl.
 #   1d. (CUDA, "zlow") bfloat16, two processes with zero_stage=1 (pieces
 #      gathered in bfloat16) against two without, no clipping.
+#   1e. (CUDA, "low") bfloat16 with accumulation, one process against
+#      two: the gradient norms of steps 1-3 (the products write into the
+#      buckets there, and the earlier micro-steps' sum is added in).
 #   2. Throughput: `orchard train` of a GPT (DEPTH, default 12: GPT-2
 #      small's shape with GPT-2's built-in tokenizer) on 1 and 2 processes,
 #      bfloat16, median tokens/s of the steps after the 5th; then PyTorch's
@@ -76,7 +79,7 @@ PY
 
 # (GRPO's part makes its model with transformers: CUDA machine only.)
 DEFAULT_PARTS="same trm zero zbench bench"
-[ "$DEV" = cuda ] && DEFAULT_PARTS="$DEFAULT_PARTS zlow grpo"
+[ "$DEV" = cuda ] && DEFAULT_PARTS="$DEFAULT_PARTS zlow low grpo"
 PARTS=" ${PARTS:-$DEFAULT_PARTS} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
@@ -209,6 +212,34 @@ if want zlow && [ "$DEV" = cuda ]; then
   grep -h "Gradient averaging" $OUT/zlow_two_z1.log | head -1
   grep -q "gathered in BFloat16" $OUT/zlow_two_z1.log || { status=1; echo "zlow: nothing gathered in bfloat16"; }
   same_weights "bfloat16, 2 processes: zero_stage=1 (gathered in bfloat16) vs 0" zl0 zl1
+fi
+
+# 1e. (CUDA) bfloat16 autocast: there the backward's products write their
+# gradients straight into the buckets, and with accumulation (4 micro-steps
+# in one process, 2 a rank in two) the hook adds the earlier micro-steps'
+# sum there. bfloat16 rounding parts the weights within a few steps, so
+# the check is the gradient norms of steps 1-3 (seen equal to 7 digits; a
+# dropped or doubled earlier sum moves step 1's by far more than 1e-5),
+# and that some product did write into its bucket.
+if want low && [ "$DEV" = cuda ]; then
+  LOW=${SMALL/dtype=float32/dtype=bfloat16}
+  $O $LOW run_dir=$W/low1 > $OUT/low_one.log 2>&1 || { status=1; tail -20 $OUT/low_one.log; }
+  $O launch --nproc-per-node 2 --master-port 29572 -- $LOW run_dir=$W/low2 \
+    > $OUT/low_two.log 2>&1 || { status=1; tail -20 $OUT/low_two.log; }
+  made=$(grep -ho "[0-9]* of them made in their bucket" $OUT/low_two.log | head -1)
+  $PY - $W/low1 $W/low2 "$made" <<'PY' | tee -a "$RESULT/dist_bench.jsonl"
+import json, sys
+def norms(run):
+    return [json.loads(l)["grad_norm"] for l in open(run + "/metrics.jsonl") if '"grad_norm"' in l][:3]
+a, b = norms(sys.argv[1]), norms(sys.argv[2])
+rel = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)) if len(a) == len(b) == 3 else float("inf")
+made = int(sys.argv[3].split()[0]) if sys.argv[3] else 0
+ok = rel < 1e-5 and made > 0
+print(json.dumps({"check": "bfloat16 with accumulation, 1 vs 2 processes: steps 1-3 gradient norms",
+                  "one": a, "two": b, "max_rel_diff": rel, "made_in_bucket": made, "ok": ok}))
+sys.exit(0 if ok else 1)
+PY
+  [ ${PIPESTATUS[0]} = 0 ] || status=1
 fi
 
 # 1b. stage=trm, one process against two (each half the puzzles in
