@@ -6,8 +6,8 @@ With --ops, the CPU ops of an autograd-profiler trace instead
 (orchard_bench_train with ORCHARD_CPU_PROFILE=FILE): each op's self time,
 its time less the ops it called, summed by name. With --streams, a trace
 with several CUDA streams (a rank of a two-GPU run): each stream's
-device, busy and NCCL time, the busiest stream's (the compute stream's) gaps with what
-ran on the others meanwhile, and with --against ONE.json[.gz] (a
+device, busy and NCCL time, the busiest stream's (the compute stream's)
+gaps with what ran on the others meanwhile, and with --against ONE.json[.gz] (a
 one-process trace) its kernels' time beside that trace's, by name, the
 largest differences first.
 

@@ -166,6 +166,7 @@ TEST(Device, EachLocalRankGetsItsOwnGpusFacts) {
     device_of_local_rank(chosen, m, 2);
     FAIL() << "expected a refusal";
   } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
     EXPECT_NE(
         std::string(e.what()).find("LOCAL_RANK=2 but this machine has 2 GPU"),
         std::string::npos)
