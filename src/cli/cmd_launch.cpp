@@ -1,5 +1,6 @@
-// `orchard launch --nproc-per-node N [--nnodes M --node-rank R
-// --master-addr A --master-port P] -- train ...`: starts N copies of
+// `orchard launch --nproc-per-node N|gpu|auto [--nnodes M --node-rank R
+// --master-addr A --master-port P] -- train ...` (torchrun's spellings,
+// `--nproc_per_node` and the rest, work too): starts N copies of
 // orchard on this node with torchrun's variables (RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT),
 // forwards SIGINT/SIGTERM to them, prefixes each rank's stderr with its
@@ -8,6 +9,9 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/version.h"
+#include "dist/launch_env.h"
+
+#include <torch/cuda.h>
 
 #include <csignal>
 #include <cstdio>
@@ -36,7 +40,10 @@ extern "C" void on_launch_signal(int sig) {
 }
 
 struct Settings {
-  int nproc = 1, nnodes = 1, node_rank = 0, master_port = 29500;
+  std::string nproc_per_node = "1"; // as given: a number, gpu or auto
+  int nproc = 1;                    // what it comes to on this machine
+  std::string nproc_why;            // how, where it was not a number
+  int nnodes = 1, node_rank = 0, master_port = 29500;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false; // several nodes must name node 0
   std::vector<std::string> command;
@@ -174,6 +181,8 @@ int run_launch(const Settings& s) {
         " needs --master-addr: the "
         "host name or address of node 0, the same on every node.");
   const std::string exe = self_path();
+  if (!s.nproc_why.empty())
+    std::printf("orchard launch: %s.\n", s.nproc_why.c_str());
   std::printf(
       "orchard launch: %d process(es) on this node (node %d of %d, %d in "
       "all), rendezvous at %s:%d\n",
@@ -270,30 +279,73 @@ int run_launch(const Settings& s) {
 
 } // namespace
 
+void separate_launched_command(
+    const CLI::App& root,
+    std::vector<std::string>& args) {
+  if (args.size() < 3 || args[1] != "launch")
+    return;
+  const CLI::App* launch = root.get_subcommand("launch");
+  for (size_t i = 2; i < args.size();) {
+    const std::string& a = args[i];
+    if (a == "--")
+      return; // already separated
+    if (a.size() > 1 && a[0] == '-') {
+      // One of launch's options (its value the next word unless given
+      // with '='), or one it does not know: CLI11 then says so.
+      const size_t eq = a.find('=');
+      const CLI::Option* o = launch->get_option_no_throw(a.substr(0, eq));
+      if (o == nullptr)
+        return;
+      i += eq == std::string::npos && o->get_items_expected_max() > 0 ? 2 : 1;
+      continue;
+    }
+    args.insert(args.begin() + std::ptrdiff_t(i), "--");
+    return;
+  }
+}
+
 Command register_launch(CLI::App& root) {
   auto st = std::make_shared<Settings>();
   CLI::App* app = root.add_subcommand(
       "launch",
       "Start several training processes on this node (data-parallel, "
       "torchrun's variables): orchard launch --nproc-per-node 2 -- train ...");
+  // Each option also under torchrun's underscore spelling.
   app->add_option(
-         "--nproc-per-node", st->nproc, "processes on this node (one per GPU)")
-      ->check(CLI::Range(1, 1024));
+      "--nproc-per-node,--nproc_per_node",
+      st->nproc_per_node,
+      "processes on this node: a number, `gpu` (one per CUDA GPU) or `auto` "
+      "(one per CUDA GPU, else one); default 1");
   app->add_option("--nnodes", st->nnodes, "nodes in all (default 1)")
       ->check(CLI::Range(1, 1 << 16));
-  app->add_option("--node-rank", st->node_rank, "this node's number, from 0")
+  app->add_option(
+         "--node-rank,--node_rank", st->node_rank, "this node's number, from 0")
       ->check(CLI::Range(0, 1 << 16));
   app->add_option(
-      "--master-addr",
+      "--master-addr,--master_addr",
       st->master_addr,
       "host of node 0, where rank 0 serves the rendezvous (default "
       "127.0.0.1)");
-  app->add_option("--master-port", st->master_port, "its port (default 29500)")
+  app->add_option(
+         "--master-port,--master_port",
+         st->master_port,
+         "its port (default 29500)")
       ->check(CLI::Range(1, 65535));
   app->add_option(
-      "command", st->command, "the orchard command to run, after `--`");
+      "command",
+      st->command,
+      "the orchard command to run, after `--` (which may be left out)");
   return {app, [st, app] {
             st->master_addr_given = app->count("--master-addr") > 0;
+            // Counting the GPUs starts CUDA's driver here, not a context;
+            // the ranks are new programs (exec), so they start their own.
+            const bool asks_gpus =
+                st->nproc_per_node == "gpu" || st->nproc_per_node == "auto";
+            const auto count = dist::processes_per_node(
+                st->nproc_per_node,
+                asks_gpus ? int(torch::cuda::device_count()) : 0);
+            st->nproc = count.processes;
+            st->nproc_why = count.why;
             return run_launch(*st);
           }};
 }

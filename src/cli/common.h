@@ -94,6 +94,12 @@ Command register_lora(CLI::App& root);
 Command register_eval(CLI::App& root);
 Command register_solve(CLI::App& root);
 Command register_launch(CLI::App& root);
+// `orchard launch [its options] train ...`, as torchrun is called: the `--`
+// put in `args` (argv) before the launched command where it was left out,
+// so that the command's options are not read as launch's.
+void separate_launched_command(
+    const CLI::App& root,
+    std::vector<std::string>& args);
 Command register_export(CLI::App& root);
 
 } // namespace orchard::cli

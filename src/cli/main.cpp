@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 #include <vector>
 
 namespace {
@@ -53,7 +54,12 @@ int run(int argc, char** argv) {
   try {
     configure_allocator();
     configure_cpu_threads();
-    app.parse(argc, argv);
+    std::vector<std::string> args(argv, argv + argc);
+    cli::separate_launched_command(app, args);
+    std::vector<char*> words;
+    for (auto& a : args)
+      words.push_back(a.data());
+    app.parse(int(words.size()), words.data());
     for (auto& c : commands)
       if (c.app->parsed())
         return c.run();

@@ -77,6 +77,34 @@ std::string first_slurm_host(const std::string& nodelist) {
   return first.substr(0, open) + lowest + suffix;
 }
 
+ProcessCount processes_per_node(const std::string& value, int cuda_gpus) {
+  constexpr long kMost = 1024; // more processes than any node has GPUs
+  if (auto n = whole_number(value); n && *n >= 1 && *n <= kMost)
+    return {int(*n), ""};
+  const bool gpu = value == "gpu";
+  if (!gpu && value != "auto")
+    throw UserError(
+        "--nproc-per-node '" + value + "' is not a number from 1 to " +
+        std::to_string(kMost) +
+        ", `gpu` (one process per CUDA GPU) or `auto` (one per CUDA GPU, "
+        "else one): e.g. `orchard launch --nproc-per-node 2 -- train ...`.");
+  if (cuda_gpus > 0)
+    return {
+        cuda_gpus,
+        "--nproc-per-node " + value + ": one process per CUDA GPU, " +
+            std::to_string(cuda_gpus) + " here"};
+  if (gpu)
+    throw UserError(
+        "--nproc-per-node gpu: this machine has no CUDA GPU (none visible; "
+        "CUDA_VISIBLE_DEVICES may hide them). Give the number of processes "
+        "instead, e.g. --nproc-per-node 2 with `train --device cpu`, or "
+        "train in one process without `orchard launch`.");
+  return {
+      1,
+      "--nproc-per-node auto: no CUDA GPU here, so one process, which "
+      "computes on every core"};
+}
+
 LaunchEnv read_launch_env(const EnvGet& env) {
   LaunchEnv e;
   Reader torchrun{env, kTorchrunFix};

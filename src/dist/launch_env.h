@@ -49,4 +49,17 @@ LaunchEnv read_launch_env(); // from the process's environment
 // The first host of a Slurm node list: "gpu[01-04,07],cpu3" -> "gpu01".
 std::string first_slurm_host(const std::string& nodelist);
 
+// `orchard launch --nproc-per-node VALUE` on a machine with `cuda_gpus`
+// visible CUDA GPUs: a number from 1 to 1024; `gpu`, one process per GPU
+// (as torchrun's; UserError where there is none); `auto`, one per GPU, or
+// one where there is none (torchrun's would start one per core, but an
+// Orchard process already computes on every core of its node's share).
+// `why` says how a count that was not given as a number was chosen
+// ("--nproc-per-node gpu: one process per CUDA GPU, 2 here").
+struct ProcessCount {
+  int processes = 1;
+  std::string why;
+};
+ProcessCount processes_per_node(const std::string& value, int cuda_gpus);
+
 } // namespace orchard::dist

@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
@@ -338,28 +339,30 @@ TEST(Distributed, TwoNodesOnOneHostTrainWhatOneProcessTrains) {
   auto one = test::run_orchard(c.train("one", 4), c.env);
   ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
   const std::string port = std::to_string(free_port());
+  // Node 0 is started as Orchard spells it; node 1 as torchrun is, with
+  // its underscores and no `--` before the command.
   auto node = [&](int r) {
+    const std::string dash = r == 0 ? "-" : "_";
     std::vector<std::string> a = {
         "launch",
         "--nnodes",
         "2",
-        "--node-rank",
+        "--node" + dash + "rank",
         std::to_string(r),
-        "--nproc-per-node",
+        "--nproc" + dash + "per" + dash + "node",
         "1",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        port,
-        "--"};
+        "--master" + dash + "addr=127.0.0.1",
+        "--master" + dash + "port",
+        port};
+    if (r == 0)
+      a.push_back("--");
     // 4 rows a micro-step: one micro-step a step on each rank, so the
     // head's product makes its gradient in the averager's bucket.
     for (const auto& x : c.train("nodes", 4, {"device_batch_size=4"}))
       a.push_back(x);
     return a;
   };
-  pid_t second =
-      test::spawn_orchard(node(1), c.env, c.dir.file("node1.log"));
+  pid_t second = test::spawn_orchard(node(1), c.env, c.dir.file("node1.log"));
   auto first = test::run_orchard(node(0), c.env);
   EXPECT_EQ(test::wait_child(second), 0)
       << test::read_text(c.dir.file("node1.log"));
@@ -544,7 +547,8 @@ TEST(Distributed, TwoProcessesTrainTheGrpoAdapterOneProcessTrains) {
   REQUIRE_GLOO();
   Corpus c;
   c.dir.write("sums.jsonl", test::sums_jsonl());
-  auto grpo = [&](const std::string& run, int accumulation,
+  auto grpo = [&](const std::string& run,
+                  int accumulation,
                   std::vector<std::string> extra = {}) {
     std::vector<std::string> a = {
         "train",
@@ -584,14 +588,17 @@ TEST(Distributed, TwoProcessesTrainTheGrpoAdapterOneProcessTrains) {
   };
   const double apart = max_difference(adapter("one"), adapter("two"));
   const double control = max_difference(adapter("one"), adapter("half"));
-  std::printf("GRPO: two ranks vs one process %.3g; vs half the prompts %.3g\n",
-              apart, control);
+  std::printf(
+      "GRPO: two ranks vs one process %.3g; vs half the prompts %.3g\n",
+      apart,
+      control);
   EXPECT_LT(apart, 1e-4);
   EXPECT_GT(control, 1e-3);
   // The same rewards, step by step: the same completions were drawn.
   auto rewards = [&](const std::string& run) {
     std::vector<double> r;
-    std::istringstream lines(test::read_text(c.dir.file(run + "/metrics.jsonl")));
+    std::istringstream lines(
+        test::read_text(c.dir.file(run + "/metrics.jsonl")));
     for (std::string line; std::getline(lines, line);) {
       auto j = nlohmann::json::parse(line);
       if (j.contains("reward") && j.contains("loss"))
@@ -741,7 +748,10 @@ TEST(Distributed, ShardedOptimizerStateTrainsWhatOneProcessTrains) {
     ASSERT_EQ(t.sizes(), u.sizes()) << name;
     const double scale = t.abs().max().item<double>();
     EXPECT_LE(
-        (t.to(torch::kFloat64) - u.to(torch::kFloat64)).abs().max().item<double>(),
+        (t.to(torch::kFloat64) - u.to(torch::kFloat64))
+            .abs()
+            .max()
+            .item<double>(),
         1e-3 * scale + 1e-9)
         << name;
     ++compared;
@@ -901,7 +911,10 @@ TEST(Distributed, TwoAndThreeProcessesTrainTheLoraAdapterOneProcessTrains) {
   auto full = [&](const std::string& run) {
     auto a = args(run);
     std::replace(
-        a.begin(), a.end(), std::string("stage=lora"), std::string("stage=full"));
+        a.begin(),
+        a.end(),
+        std::string("stage=lora"),
+        std::string("stage=full"));
     a.push_back("optim=adamw_8bit");
     a.push_back("learning_rate=1e-3");
     return a;
@@ -910,8 +923,7 @@ TEST(Distributed, TwoAndThreeProcessesTrainTheLoraAdapterOneProcessTrains) {
   ASSERT_EQ(full_one.exit_code, 0) << full_one.out << full_one.err;
   auto full_args = full("full_two");
   full_args.push_back("zero_stage=1");
-  auto full_two =
-      test::run_orchard(c.launch(free_port(), full_args), c.env);
+  auto full_two = test::run_orchard(c.launch(free_port(), full_args), c.env);
   ASSERT_EQ(full_two.exit_code, 0) << full_two.out << full_two.err;
   EXPECT_NE(full_two.out.find(" whole)"), std::string::npos) << full_two.out;
   auto checkpoint = [&](const std::string& run, const char* file) {
@@ -1134,7 +1146,21 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   r = test::run_orchard(
       {"launch", "--nproc-per-node", "0", "--", "train"}, c.env);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("--nproc-per-node"), std::string::npos) << r.err;
+  EXPECT_NE(
+      r.err.find("--nproc-per-node '0' is not a number from 1 to 1024, `gpu`"),
+      std::string::npos)
+      << r.err;
+  // One process per GPU asked for where there is none (CI's machine).
+  if (torch::cuda::device_count() == 0) {
+    r = test::run_orchard(
+        {"launch", "--nproc_per_node", "gpu", "train", "--device", "cpu"},
+        c.env);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(
+        r.err.find("--nproc-per-node gpu: this machine has no CUDA GPU"),
+        std::string::npos)
+        << r.err;
+  }
 
   // Nothing to launch, and a command launch does not start.
   r = test::run_orchard({"launch", "--nproc-per-node", "2"}, c.env);

@@ -1,8 +1,8 @@
 // Reading a launch from torchrun's and Slurm's variables (src/dist).
-#include "core/machine.h"
 #include "dist/launch_env.h"
-#include "test_util.h"
 #include "core/error.h"
+#include "core/machine.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -129,6 +129,41 @@ TEST(LaunchEnv, FirstSlurmHost) {
   EXPECT_EQ(first_slurm_host("node1,node2"), "node1");
   EXPECT_EQ(first_slurm_host("gpu[01-04,07],cpu3"), "gpu01");
   EXPECT_EQ(first_slurm_host("a[3,5]b"), "a3b");
+}
+
+// `orchard launch --nproc-per-node`: a number, or one process per GPU.
+TEST(LaunchEnv, ProcessesPerNodeFromANumberGpuOrAuto) {
+  EXPECT_EQ(processes_per_node("3", 8).processes, 3);
+  EXPECT_EQ(processes_per_node("3", 8).why, "");
+  EXPECT_EQ(processes_per_node("1024", 0).processes, 1024);
+  const auto gpus = processes_per_node("gpu", 2);
+  EXPECT_EQ(gpus.processes, 2);
+  EXPECT_EQ(gpus.why, "--nproc-per-node gpu: one process per CUDA GPU, 2 here");
+  EXPECT_EQ(processes_per_node("auto", 8).processes, 8);
+  const auto none = processes_per_node("auto", 0);
+  EXPECT_EQ(none.processes, 1);
+  EXPECT_NE(
+      none.why.find("no CUDA GPU here, so one process"), std::string::npos);
+  auto refusal = [](const std::string& value, int cuda_gpus) {
+    try {
+      processes_per_node(value, cuda_gpus);
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.exit_code(), kExitUsage) << value;
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(
+      refusal("gpu", 0).find("--nproc-per-node gpu: this machine has no CUDA "
+                             "GPU"),
+      std::string::npos);
+  for (const char* bad : {"0", "1025", "", "2x", "-1", "cpu", "GPU"})
+    EXPECT_NE(
+        refusal(bad, 2).find(
+            "--nproc-per-node '" + std::string(bad) +
+            "' is not a number from 1 to 1024, `gpu`"),
+        std::string::npos)
+        << bad;
 }
 
 } // namespace
