@@ -211,6 +211,7 @@ int run_launch(const Settings& s) {
   std::string failure; // the first rank that failed, and how
   std::string where;   // where its own account of it is, if anywhere
   time_t kill_at = 0;  // SIGKILL the rest after this time
+  int forwarded = 0;   // the signal passed on to every rank, if any
   int running = s.nproc;
   auto stop_others = [&](int sig) {
     for (auto& c : children)
@@ -219,9 +220,10 @@ int run_launch(const Settings& s) {
   };
   while (running > 0) {
     if (g_forward) {
-      const int sig = g_forward;
+      forwarded = g_forward;
       g_forward = 0;
-      stop_others(sig); // each saves a checkpoint and exits (rank 0 writes)
+      stop_others(forwarded); // each finishes its step and exits (rank 0
+                              // saves a checkpoint first)
     }
     std::vector<pollfd> fds;
     for (auto& c : children)
@@ -243,6 +245,14 @@ int run_launch(const Settings& s) {
         ::close(c.err_fd);
         c.err_fd = -1;
         const int code = exit_code_of(status);
+        // A rank that stopped as the signal passed on asked (128 + it, as
+        // one process would) has not failed: the others are stopping too,
+        // and rank 0 may still be saving.
+        const int asked = forwarded ? forwarded : int(g_forward);
+        if (asked && code == 128 + asked) {
+          result = result ? result : code;
+          continue;
+        }
         if (code != 0 && failure.empty()) {
           failure =
               "rank " + std::to_string(c.rank) + " " + how_it_ended(status);
@@ -274,6 +284,13 @@ int run_launch(const Settings& s) {
   if (!failure.empty())
     std::fprintf(
         stderr, "orchard launch: %s (%s).\n", failure.c_str(), where.c_str());
+  else if (forwarded)
+    std::fprintf(
+        stderr,
+        "orchard launch: stopped by %s, passed on to every rank; all %d "
+        "have exited.\n",
+        forwarded == SIGINT ? "SIGINT (Ctrl-C)" : "SIGTERM",
+        s.nproc);
   return result;
 }
 

@@ -956,7 +956,9 @@ TEST(Distributed, TwoAndThreeProcessesTrainTheLoraAdapterOneProcessTrains) {
 // SIGKILL of one rank: `orchard launch` says which rank died and stops the
 // other; a relaunch resumes from the last checkpoint and ends with the
 // same weights, bit for bit, as a launch never interrupted.
-TEST(Distributed, KillingOneRankStopsTheOtherAndRelaunchResumesExactly) {
+// A rank killed, and a Ctrl-C to the launcher: both runs, launched again,
+// end with the weights of one never stopped.
+TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   REQUIRE_GLOO();
   Corpus c;
   const int steps = 200; // rank 1 dies near step 40: 160 steps to spare
@@ -967,18 +969,32 @@ TEST(Distributed, KillingOneRankStopsTheOtherAndRelaunchResumesExactly) {
   auto ref = test::run_orchard(c.launch(free_port(), args("ref")), c.env);
   ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
 
-  const std::string log = c.dir.file("killed.log");
-  pid_t launcher =
-      test::spawn_orchard(c.launch(free_port(), args("killed")), c.env, log);
-  // Wait for a checkpoint past the first, then kill rank 1 (the launcher's
-  // child whose RANK is 1).
-  bool mid_run = false;
-  for (int i = 0; i < 6000 && !mid_run; ++i) {
-    for (const auto& [s, d] : runs::list_checkpoints(c.dir.file("killed")))
-      mid_run = mid_run || s >= 40;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(mid_run) << test::read_text(log);
+  // Starts the run in the background and returns once it has saved a
+  // checkpoint past the first.
+  auto start_until_mid_run = [&](const std::string& run) {
+    const std::string log = c.dir.file(run + ".log");
+    pid_t launcher =
+        test::spawn_orchard(c.launch(free_port(), args(run)), c.env, log);
+    bool mid_run = false;
+    for (int i = 0; i < 6000 && !mid_run; ++i) {
+      for (const auto& [s, d] : runs::list_checkpoints(c.dir.file(run)))
+        mid_run = mid_run || s >= 40;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(mid_run) << test::read_text(log);
+    return std::make_pair(launcher, log);
+  };
+  auto resumes_to_the_reference = [&](const std::string& run) {
+    auto again = test::run_orchard(c.launch(free_port(), args(run)), c.env);
+    ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+    EXPECT_NE(again.out.find("Resuming from"), std::string::npos) << again.out;
+    auto want = c.weights("ref", steps), got = c.weights(run, steps);
+    for (const auto& [name, t] : want)
+      EXPECT_TRUE(torch::equal(t, got.at(name))) << run << ": " << name;
+  };
+
+  // Rank 1 (the launcher's child whose RANK is 1) killed.
+  const auto [launcher, log] = start_until_mid_run("killed");
   pid_t rank1 = -1;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     std::ifstream stat(e.path() / "stat");
@@ -1005,12 +1021,25 @@ TEST(Distributed, KillingOneRankStopsTheOtherAndRelaunchResumesExactly) {
       out.find("it printed nothing: stopped from outside"), std::string::npos)
       << out;
 
-  auto again = test::run_orchard(c.launch(free_port(), args("killed")), c.env);
-  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
-  EXPECT_NE(again.out.find("Resuming from"), std::string::npos) << again.out;
-  auto want = c.weights("ref", steps), got = c.weights("killed", steps);
-  for (const auto& [name, t] : want)
-    EXPECT_TRUE(torch::equal(t, got.at(name))) << name << " differs";
+  resumes_to_the_reference("killed");
+
+  // Ctrl-C to the launcher alone: passed on, every rank finishes its step,
+  // rank 0 saves, and the launcher exits as one process would (128 +
+  // SIGINT), taking no rank's stop for a failure (none is sent SIGTERM).
+  const auto [stopped, stopped_log] = start_until_mid_run("interrupted");
+  ::kill(stopped, SIGINT);
+  EXPECT_EQ(test::wait_child(stopped), 128 + SIGINT);
+  const std::string said = test::read_text(stopped_log);
+  EXPECT_NE(said.find("Stopped by SIGINT after step"), std::string::npos)
+      << said;
+  EXPECT_NE(
+      said.find("orchard launch: stopped by SIGINT (Ctrl-C), passed on to "
+                "every rank; all 2 have exited."),
+      std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("stopping the other rank(s)"), std::string::npos) << said;
+  EXPECT_EQ(said.find("SIGTERM"), std::string::npos) << said;
+  resumes_to_the_reference("interrupted");
 }
 
 // Whether `err` holds `text` marked as one of two ranks' output: the
