@@ -287,10 +287,11 @@ int run_launch(const Settings& s) {
   else if (forwarded)
     std::fprintf(
         stderr,
-        "orchard launch: stopped by %s, passed on to every rank; all %d "
-        "have exited.\n",
+        "orchard launch: stopped by %s, passed on to every rank; %s.\n",
         forwarded == SIGINT ? "SIGINT (Ctrl-C)" : "SIGTERM",
-        s.nproc);
+        s.nproc == 1
+            ? "it has exited"
+            : ("all " + std::to_string(s.nproc) + " have exited").c_str());
   return result;
 }
 
