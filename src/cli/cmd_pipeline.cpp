@@ -27,10 +27,12 @@ Command register_pipeline(CLI::App& root) {
   add_device_flags(app, st->device, /*allow_assume=*/false);
   return {app, [st] {
             stages::Pipeline p = stages::plan_pipeline(sources_of(st->config));
+            MachineFacts m = machine_for(st->device);
+            // With several processes this joins them, after which rank 0
+            // alone prints: the plan is printed once.
+            DeviceInfo d = select_device(st->device, m, /*trains=*/true);
             std::printf("%s", stages::pipeline_status(p).c_str());
             std::fflush(stdout);
-            MachineFacts m = machine_for(st->device);
-            DeviceInfo d = select_device(st->device, m, /*trains=*/true);
             if (!stages::run_pipeline(p, d))
               return 128 + train::last_stop_signal(); // saved; resumable
             return 0;

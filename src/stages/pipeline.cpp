@@ -226,6 +226,9 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
           s.name == "rl" ? " (GRPO on WordNet's questions)" : "");
     std::fflush(stdout);
     reports.push_back(stage.train(*s.settings, d));
+    // Rank 0 writes the stage's last checkpoint (after its final
+    // evaluation and report), and every rank's next stage starts from it.
+    dist::barrier("the end of stage " + s.name);
     if (reports.back().result.interrupted) {
       std::printf(
           "The pipeline stopped during %s; run the same command to "

@@ -1042,6 +1042,64 @@ TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   resumes_to_the_reference("interrupted");
 }
 
+// `orchard pipeline` under the launcher: base, mid and sft each trained on
+// two processes, ending where one process ends, its plan printed once.
+TEST(Distributed, TwoProcessesRunThePipelineOneProcessRuns) {
+  REQUIRE_GLOO();
+  Corpus c;
+  std::string chats;
+  for (int i = 0; i < 80; ++i)
+    chats +=
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What "
+        "is number " +
+        std::to_string(i) +
+        "?\"}, {\"role\": \"assistant\", \"content\": \"It is " +
+        std::to_string(i * 7 % 97) + ".\"}]}\n";
+  c.dir.write("chats/c.jsonl", chats);
+  std::filesystem::create_directories(c.dir.file("work"));
+  auto pipeline = [&](const std::string& run) {
+    return std::vector<std::string>{
+        "pipeline",
+        "--device",
+        "cpu",
+        "data_paths=[" + c.dir.file("corpus") + "]",
+        "chat_data=[" + c.dir.file("chats") + "]",
+        "depth=1",
+        "max_seq_len=32",
+        "total_batch_size=256",
+        "device_batch_size=2",
+        "num_iterations=4",
+        "mid_iterations=2",
+        "sft_iterations=2",
+        "eval_every=0",
+        "eval_tokens=256",
+        "sample_every=0",
+        "save_every=0",
+        "run=" + run};
+  };
+  auto one = test::run_orchard(pipeline("one"), c.env, c.dir.file("work"));
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  auto two = test::run_orchard(
+      c.launch(free_port(), pipeline("two")), c.env, c.dir.file("work"));
+  ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
+  const size_t plan = two.out.find("Pipeline for two:");
+  EXPECT_NE(plan, std::string::npos) << two.out;
+  EXPECT_EQ(two.out.find("Pipeline for two:", plan + 1), std::string::npos)
+      << two.out;
+  EXPECT_NE(two.out.find("The pipeline is complete"), std::string::npos)
+      << two.out;
+  for (const auto& [stage, step] : std::vector<std::pair<std::string, int>>{
+           {"base", 4}, {"mid", 2}, {"sft", 2}}) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/checkpoints/step_%06d", step);
+    auto weights = [&](const std::string& run) {
+      return safetensors::load(c.dir.file(
+          "work/runs/" + stage + "/" + run + name + "/model.safetensors"));
+    };
+    EXPECT_LT(max_difference(weights("one"), weights("two")), 2e-4) << stage;
+  }
+}
+
 // Whether `err` holds `text` marked as one of two ranks' output: the
 // launcher stops the other rank once the first has exited, so which rank's
 // message comes first is a race.
