@@ -22,8 +22,11 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +49,8 @@ struct Settings {
   int nnodes = 1, node_rank = 0, master_port = 29500;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false; // several nodes must name node 0
+  bool master_port_given = false;
+  bool standalone = false; // one node, a free port (torchrun's)
   std::vector<std::string> command;
 };
 
@@ -57,6 +62,31 @@ struct Child {
   bool wrote = false;  // anything on stderr at all
   bool running = true;
 };
+
+// A port of 127.0.0.1 that nothing listens on now (the kernel's pick). Rank
+// 0 binds it a moment later; another program taking it in between is
+// the same race torchrun's --standalone runs, and rank 0 then says the
+// port is taken.
+int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t n = sizeof a;
+  const bool ok = fd >= 0 &&
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0;
+  const int saved = errno;
+  if (fd >= 0)
+    ::close(fd);
+  if (!ok)
+    throw UserError(
+        std::string("orchard launch --standalone: cannot find a free port on "
+                    "127.0.0.1 (") +
+        std::strerror(saved) + "); give one with --master-port.");
+  return ntohs(a.sin_port);
+}
 
 // The binary to start: this one.
 std::string self_path() {
@@ -175,6 +205,15 @@ int run_launch(const Settings& s) {
         "--nnodes " +
         std::to_string(s.nnodes) + ": number the nodes 0 to " +
         std::to_string(s.nnodes - 1) + ".");
+  if (s.standalone && (s.nnodes > 1 || s.master_addr_given))
+    throw UserError(
+        "--standalone is one node on this host, with the rendezvous on a "
+        "free port of its own: leave out --nnodes and --master-addr, or "
+        "leave out --standalone to join several nodes.");
+  if (s.standalone && s.master_port_given)
+    throw UserError(
+        "--standalone picks a free port itself: leave out --master-port, or "
+        "leave out --standalone to use that port.");
   if (s.nnodes > 1 && !s.master_addr_given)
     throw UserError(
         "--nnodes " + std::to_string(s.nnodes) +
@@ -349,12 +388,20 @@ Command register_launch(CLI::App& root) {
          st->master_port,
          "its port (default 29500)")
       ->check(CLI::Range(1, 65535));
+  app->add_flag(
+      "--standalone",
+      st->standalone,
+      "one node, the rendezvous on a free port of 127.0.0.1 (torchrun's "
+      "--standalone): two runs on one host need no --master-port");
   app->add_option(
       "command",
       st->command,
       "the orchard command to run, after `--` (which may be left out)");
   return {app, [st, app] {
             st->master_addr_given = app->count("--master-addr") > 0;
+            st->master_port_given = app->count("--master-port") > 0;
+            if (st->standalone && !st->master_port_given)
+              st->master_port = free_local_port();
             // Counting the GPUs starts CUDA's driver here, not a context;
             // the ranks are new programs (exec), so they start their own.
             const bool asks_gpus =

@@ -83,17 +83,18 @@ struct Corpus {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
+  // Port 0: `--standalone`, the launcher's own pick of a free port.
   std::vector<std::string> launch(
       int port,
       const std::vector<std::string>& command,
       int processes = 2) const {
     std::vector<std::string> a = {
-        "launch",
-        "--nproc-per-node",
-        std::to_string(processes),
-        "--master-port",
-        std::to_string(port),
-        "--"};
+        "launch", "--nproc-per-node", std::to_string(processes)};
+    if (port == 0)
+      a.push_back("--standalone");
+    else
+      a.insert(a.end(), {"--master-port", std::to_string(port)});
+    a.push_back("--");
     a.insert(a.end(), command.begin(), command.end());
     return a;
   }
@@ -227,16 +228,24 @@ TEST(Distributed, ThreeProcessesTrainWhatOneProcessTrains) {
       c.train("one", 6, {batch, "save_every=3", "weight_decay=0.1"}), c.env);
   ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
   // `processes` ranks train `run` for 6 steps.
+  // (Three processes start with `--standalone`: a port of the launcher's
+  // choosing.)
   auto launched = [&](int processes,
                       const std::string& run,
                       std::vector<std::string> extra) {
     extra.push_back(batch);
     extra.push_back("weight_decay=0.1");
     return test::run_orchard(
-        c.launch(free_port(), c.train(run, 6, extra), processes), c.env);
+        c.launch(
+            processes == 3 ? 0 : free_port(),
+            c.train(run, 6, extra),
+            processes),
+        c.env);
   };
   auto three = launched(3, "three", {});
   ASSERT_EQ(three.exit_code, 0) << three.out << three.err;
+  EXPECT_EQ(three.out.find("rendezvous at 127.0.0.1:29500"), std::string::npos)
+      << three.out;
   EXPECT_NE(
       three.out.find("1 accumulation step(s) on each of 3 processes"),
       std::string::npos)
@@ -1229,6 +1238,13 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(
       r.err.find("--node-rank 2 is not below --nnodes 2"), std::string::npos)
+      << r.err;
+  r = test::run_orchard(
+      {"launch", "--standalone", "--master-port", "29500", "--", "train"},
+      c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("--standalone picks a free port itself"), std::string::npos)
       << r.err;
   r = test::run_orchard(
       {"launch", "--nproc-per-node", "0", "--", "train"}, c.env);
