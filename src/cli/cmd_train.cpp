@@ -32,6 +32,7 @@ Command register_train(CLI::App& root) {
             DeviceInfo d = select_device(st->device, m, /*trains=*/true);
             const stages::Stage& stage = *settings->stage;
             stages::check_data_parallel(stage);
+            stages::check_same_settings(*settings);
             const stages::Report report = stage.train(*settings, d);
             std::printf("%s", stage.next_steps(*settings, report).c_str());
             if (report.result.interrupted)

@@ -97,6 +97,49 @@ void check_data_parallel(const Stage& stage) {
       "`orchard launch`/torchrun).");
 }
 
+void check_same_settings(Settings& settings) {
+  if (dist::size() <= 1)
+    return;
+  // Every option's value, a line each, in the schema's order.
+  std::vector<std::string> keys = {"stage"};
+  std::string mine = settings.stage->name() + "\n";
+  for (const auto& o : settings.stage->schema().options()) {
+    keys.push_back(o.key);
+    mine += config::value_text(o, settings.fields()) + "\n";
+  }
+  const std::vector<std::string> all = dist::gather_strings(mine);
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> first = lines(all[0]);
+  std::string differ;
+  int shown = 0;
+  constexpr int kMostShown = 5; // keys named in the message
+  for (size_t r = 1; r < all.size() && shown < kMostShown; ++r) {
+    const std::vector<std::string> theirs = lines(all[r]);
+    for (size_t k = 0; k < keys.size() && shown < kMostShown; ++k) {
+      const std::string a = k < first.size() ? first[k] : "?";
+      const std::string b = k < theirs.size() ? theirs[k] : "?";
+      if (a == b)
+        continue;
+      differ += std::string(shown++ ? "; " : "") + keys[k] + " is " + a +
+          " on rank 0 but " + b + " on rank " + std::to_string(r);
+      if (keys[k] == "stage")
+        break; // the other keys are another stage's
+    }
+  }
+  if (!differ.empty())
+    throw UserError(
+        "the processes were started with different settings: " + differ +
+        ". Every rank trains one model: start each node's `orchard launch` "
+        "with the same command (the same preset, --config file, "
+        "environment and key=value settings).");
+}
+
 std::unique_ptr<Settings> configure(const config::Sources& sources) {
   const std::string asked = requested_stage(sources);
   return (asked.empty() ? base_stage() : stage_named(asked)).configure(sources);

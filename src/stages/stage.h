@@ -123,6 +123,11 @@ std::string stage_list();
 // UserError when this process is one of several (src/dist) and `stage`
 // does not train data-parallel yet.
 void check_data_parallel(const Stage& stage);
+// Collective, where this process is one of several: UserError on every
+// rank when the ranks' settings differ (a node started with another
+// command), naming the keys and each rank's value. Left unchecked, ranks
+// training different models fail in their first collective, or worse.
+void check_same_settings(Settings& settings);
 
 // The stage the sources ask for (stage=... in the preset, then --config,
 // then key=value; the later wins), "base" when none says, and its settings

@@ -1218,6 +1218,34 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_NE(r.err.find("rank 0 exited with code 2"), std::string::npos)
       << r.err;
 
+  // Two nodes started with different settings: refused by both ranks,
+  // naming the key and each rank's value (left alone, Gloo aborted in the
+  // first all-reduce of differently sized buckets).
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int r, const std::string& depth) {
+    std::vector<std::string> a = {
+        "launch",
+        "--nnodes=2",
+        "--node-rank=" + std::to_string(r),
+        "--master-addr=127.0.0.1",
+        "--master-port=" + port,
+        "--"};
+    for (const auto& x : c.train("mixed", 1, {"depth=" + depth}))
+      a.push_back(x);
+    return a;
+  };
+  pid_t node1 = test::spawn_orchard(node(1, "2"), c.env, c.dir.file("n1.log"));
+  r = test::run_orchard(node(0, "1"), c.env);
+  EXPECT_EQ(test::wait_child(node1), 2)
+      << test::read_text(c.dir.file("n1.log"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (const std::string& said : {r.err, test::read_text(c.dir.file("n1.log"))})
+    EXPECT_NE(
+        said.find("error: the processes were started with different "
+                  "settings: depth is 1 on rank 0 but 2 on rank 1."),
+        std::string::npos)
+        << said;
+
   // Several nodes without node 0's address; a node number out of range.
   r = test::run_orchard(
       {"launch", "--nnodes", "2", "--", "train", "--device", "cpu"}, c.env);
