@@ -1,6 +1,7 @@
 #include "stages/stage.h"
 
 #include "core/error.h"
+#include "core/version.h"
 #include "dist/world.h"
 #include "stages/finetune_stages.h"
 #include "stages/gpt_stages.h"
@@ -100,9 +101,10 @@ void check_data_parallel(const Stage& stage) {
 void check_same_settings(Settings& settings) {
   if (dist::size() <= 1)
     return;
-  // Every option's value, a line each, in the schema's order.
-  std::vector<std::string> keys = {"stage"};
-  std::string mine = settings.stage->name() + "\n";
+  // The build, then every option's value, a line each, in the schema's
+  // order.
+  std::vector<std::string> keys = {"the Orchard version", "stage"};
+  std::string mine = orchard_version() + "\n" + settings.stage->name() + "\n";
   for (const auto& o : settings.stage->schema().options()) {
     keys.push_back(o.key);
     mine += config::value_text(o, settings.fields()) + "\n";
@@ -128,8 +130,8 @@ void check_same_settings(Settings& settings) {
         continue;
       differ += std::string(shown++ ? "; " : "") + keys[k] + " is " + a +
           " on rank 0 but " + b + " on rank " + std::to_string(r);
-      if (keys[k] == "stage")
-        break; // the other keys are another stage's
+      if (k < 2)
+        break; // another build's or another stage's keys
     }
   }
   if (!differ.empty())
