@@ -13,6 +13,7 @@
 
 #include <torch/cuda.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
