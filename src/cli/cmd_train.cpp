@@ -31,8 +31,7 @@ Command register_train(CLI::App& root) {
             MachineFacts m = machine_for(st->device);
             DeviceInfo d = select_device(st->device, m, /*trains=*/true);
             const stages::Stage& stage = *settings->stage;
-            stages::check_data_parallel(stage);
-            stages::check_same_settings(*settings);
+            stages::check_several_processes(*settings);
             const stages::Report report = stage.train(*settings, d);
             std::printf("%s", stage.next_steps(*settings, report).c_str());
             if (report.result.interrupted)

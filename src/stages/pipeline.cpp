@@ -213,10 +213,8 @@ std::string pipeline_status(const Pipeline& p) {
 bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
   std::vector<train::StageReport> reports;
   for (const auto& s : p.stages)
-    if (!s.done) {
-      check_data_parallel(*s.settings->stage);
-      check_same_settings(*s.settings);
-    }
+    if (!s.done)
+      check_several_processes(*s.settings);
   bool all_done = true;
   for (const auto& s : p.stages) {
     all_done = all_done && s.done;

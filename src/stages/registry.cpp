@@ -82,6 +82,8 @@ const Stage& stage_named(const std::string& name) {
       ".");
 }
 
+namespace {
+
 void check_data_parallel(const Stage& stage) {
   if (dist::size() <= 1 || stage.data_parallel())
     return;
@@ -98,9 +100,12 @@ void check_data_parallel(const Stage& stage) {
       "`orchard launch`/torchrun).");
 }
 
-void check_same_settings(Settings& settings) {
+} // namespace
+
+void check_several_processes(Settings& settings) {
   if (dist::size() <= 1)
     return;
+  check_data_parallel(*settings.stage);
   // The build, then every option's value, a line each, in the schema's
   // order.
   std::vector<std::string> keys = {"the Orchard version", "stage"};

@@ -120,14 +120,12 @@ const std::vector<const Stage*>& all_stages();
 const Stage& stage_named(const std::string& name);
 // "base|mid|sft|lora|full".
 std::string stage_list();
-// UserError when this process is one of several (src/dist) and `stage`
-// does not train data-parallel yet.
-void check_data_parallel(const Stage& stage);
-// Collective, where this process is one of several: UserError on every
-// rank when the ranks' settings differ (a node started with another
-// command), naming the keys and each rank's value. Left unchecked, ranks
+// Where this process is one of several (src/dist), collective: UserError
+// on every rank when the stage does not train data-parallel yet, or when
+// the ranks' settings differ (a node started with another command; the
+// message names the keys and each rank's value). Left unchecked, ranks
 // training different models fail in their first collective, or worse.
-void check_same_settings(Settings& settings);
+void check_several_processes(Settings& settings);
 
 // The stage the sources ask for (stage=... in the preset, then --config,
 // then key=value; the later wins), "base" when none says, and its settings
