@@ -1275,6 +1275,13 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
       r.err.find("--standalone picks a free port itself"), std::string::npos)
       << r.err;
   r = test::run_orchard(
+      {"launch", "--standalone", "--nnodes=2", "--master-addr=h0", "train"},
+      c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("--standalone is one node on this host"), std::string::npos)
+      << r.err;
+  r = test::run_orchard(
       {"launch", "--nproc-per-node", "0", "--", "train"}, c.env);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(
