@@ -7,6 +7,7 @@
 #include "core/version.h"
 #include "dist/world.h"
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -29,6 +30,10 @@ namespace {
 int run(int argc, char** argv) {
   using namespace orchard;
   set_program_name(argc > 0 ? argv[0] : nullptr);
+  // Output piped to a program that has gone (`| tee` closed with the
+  // terminal, `| head`) fails to print rather than killing a run that
+  // holds unsaved work: training goes on, and writes its log file too.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "Orchard trains and fine-tunes language models on the machine you have "
       "(CUDA, Apple Silicon, or CPU)."};

@@ -57,29 +57,40 @@ void free_device_caches(const torch::Device& device) {
 #endif
 }
 
-std::atomic<int> g_stop_signal{0};
+std::atomic<int> g_stop_signal{0};   // the signal this process was sent
+std::atomic<int> g_agreed_signal{0}; // several processes: another rank's
 
 extern "C" void on_stop_signal(int sig) {
   g_stop_signal = sig;
 }
 
-// SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits.
+// SIGINT, SIGTERM and SIGHUP (the terminal or the ssh session closed) set
+// a flag; the loop finishes its step, saves and exits. (SIGPIPE is ignored
+// by the whole program: cli/main.cpp.)
 struct SignalGuard {
-  struct sigaction old_int {
-  }, old_term{};
+  static constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old[3] = {};
   SignalGuard() {
     g_stop_signal = 0;
+    g_agreed_signal = 0;
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    for (int i = 0; i < 3; ++i)
+      sigaction(kStops[i], &sa, &old[i]);
   }
   ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
+    for (int i = 0; i < 3; ++i)
+      sigaction(kStops[i], &old[i], nullptr);
   }
 };
+
+std::string signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT"
+      : sig == SIGTERM ? "SIGTERM"
+      : sig == SIGHUP  ? "SIGHUP (the terminal closed)"
+                       : "signal " + std::to_string(sig);
+}
 
 // Steps in a row with a non-finite gradient (float32/bfloat16) before the
 // run stops as diverged rather than train on garbage.
@@ -154,7 +165,17 @@ Trainer::Trainer(
 }
 
 int last_stop_signal() {
-  return g_stop_signal;
+  return g_stop_signal ? int(g_stop_signal) : int(g_agreed_signal);
+}
+
+int agreed_stop_signal(double signalled, double signal_sum) {
+  if (signalled <= 0)
+    return 0;
+  const double mean = signal_sum / signalled;
+  const long sig = std::lround(mean);
+  // Ranks sent different signals: a mean that is none of them.
+  return std::abs(mean - double(sig)) < 1e-3 && sig > 0 && sig < 64 ? int(sig)
+                                                                    : SIGTERM;
 }
 
 void Trainer::make_averager() {
@@ -648,11 +669,13 @@ TrainerResult Trainer::run() {
       save(done, false, nullptr);
     if (stop) {
       progress.finish();
+      if (!g_stop_signal)
+        g_agreed_signal = stop_signal_;
       log_(
-          std::string("Stopped by ") +
-          (g_stop_signal == SIGINT        ? "SIGINT"
-               : g_stop_signal == SIGTERM ? "SIGTERM"
-                                          : "a signal to another rank") +
+          "Stopped by " +
+          (g_stop_signal
+               ? signal_name(g_stop_signal)
+               : signal_name(stop_signal_) + " sent to another rank") +
           " after step " + std::to_string(done) +
           "; saved a checkpoint. Run the same command again to resume from "
           "step " +

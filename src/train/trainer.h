@@ -159,10 +159,17 @@ struct TrainerOptions {
   bool cuda_graphs = true;
 };
 
-// The signal (SIGINT, SIGTERM) that stopped the last Trainer::run() after
-// it saved; 0 when none did. Commands exit with 128 + it, as a shell
-// expects of a program stopped by a signal.
+// The signal (SIGINT, SIGTERM, SIGHUP) that stopped the last
+// Trainer::run() after it saved; 0 when none did. With several processes,
+// a rank that was not signalled itself stops with the others and takes the
+// signal they were sent. Commands exit with 128 + it, as a shell expects of
+// a program stopped by a signal.
 int last_stop_signal();
+
+// Several processes: the signal the ranks stop for, from the sums over the
+// ranks of "was signalled" (0 or 1) and of the signal's number. Ranks sent
+// different signals (a mean that is none of them) stop for SIGTERM.
+int agreed_stop_signal(double signalled, double signal_sum);
 
 // The tensors a run trains (those that require gradients: a LoRA run's
 // adapters, not its frozen base), in the model's order.
@@ -267,9 +274,12 @@ class Trainer {
   uint64_t peak_memory_ = 0; // the highest of every part of the run
   std::string last_checkpoint_;
   bool stop_agreed_ = false; // several processes: some rank was signalled
-  // Several processes: whether this rank was signalled, on the device,
-  // filled before each step (a CUDA graph reads it as it is then).
+  int stop_signal_ = 0;      // and with which signal (agreed_stop_signal)
+  // Several processes: whether this rank was signalled and with which
+  // signal, on the device, filled before each step (a CUDA graph reads it
+  // as it is then).
   torch::Tensor stop_flag_;
+  int stop_flag_holds_ = 0; // the signal stop_flag_ was last filled with
   // CUDA graphs (options.cuda_graphs): the graph, the buffers it reads
   // (one list of inputs per micro-step) and its output, and the micro-
   // batch and accumulation it was made for.

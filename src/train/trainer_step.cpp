@@ -33,9 +33,15 @@ void Trainer::take_step(
   if (averager_) {
     if (!stop_flag_.defined())
       stop_flag_ = torch::zeros(
-          {1},
+          {2},
           torch::TensorOptions().dtype(torch::kFloat32).device(opt_.device));
-    stop_flag_.fill_(last_stop_signal() != 0 ? 1.0 : 0.0);
+    // Written when it changes (once, if ever), not every step.
+    const int sig = last_stop_signal();
+    if (sig != stop_flag_holds_) {
+      stop_flag_[0].fill_(sig != 0 ? 1.0 : 0.0);
+      stop_flag_[1].fill_(double(sig));
+      stop_flag_holds_ = sig;
+    }
   }
   torch::Tensor read = graph_gradients(accum, scale);
   if (!read.defined()) {
@@ -47,8 +53,11 @@ void Trainer::take_step(
   auto take_read = [&](const torch::Tensor& host) {
     grad_norm = host[0].item<double>();
     loss = host[1].item<double>();
-    if (host.size(0) > 2)
+    if (host.size(0) > 3) { // the means of the ranks' stop flags
       stop_agreed_ = host[2].item<double>() > 0;
+      stop_signal_ =
+          agreed_stop_signal(host[2].item<double>(), host[3].item<double>());
+    }
   };
   const double lr_mult = lr_multiplier(
       step, opt_.total_steps, opt_.warmup_steps, opt_.warmdown_ratio);
@@ -190,14 +199,14 @@ torch::Tensor Trainer::gradients(
   std::vector<torch::Tensor> read = {
       norm, loss_sum.to(torch::kFloat32).reshape({1})};
   if (stop.defined())
-    read.push_back(stop.to(torch::kFloat32).reshape({1}));
+    read.push_back(stop.to(torch::kFloat32).reshape({-1}));
   if (shard_optimizers_) {
     // Each rank has the norm of its own pieces: the squares, the loss and
     // the stop flag summed over the ranks in one all-reduce.
     const double n = double(dist::size());
     auto sums = torch::cat({read[0].square(), read[1] / n, read[2] / n});
     dist::all_reduce_sum(sums);
-    read = {sums.narrow(0, 0, 1).sqrt(), sums.narrow(0, 1, 2)};
+    read = {sums.narrow(0, 0, 1).sqrt(), sums.narrow(0, 1, sums.size(0) - 1)};
   }
   return torch::cat(read);
 }

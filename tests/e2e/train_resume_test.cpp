@@ -1,6 +1,7 @@
 // orchard train resumes exactly: killed with SIGKILL at several points and
 // started again, it ends with the same weights, bit for bit on the CPU, as
-// a run never interrupted. SIGTERM saves and exits 143 (128 + SIGTERM). A
+// a run never interrupted. SIGTERM saves and exits 143 (128 + SIGTERM),
+// SIGHUP 129; a closed output pipe does not stop a run. A
 // damaged newest checkpoint is skipped for the previous good one.
 #include "core/safetensors.h"
 #include "core/torch_compat.h"
@@ -189,6 +190,47 @@ TEST(TrainResume, SigtermSavesExits143AndResumes) {
       << done.out;
 }
 
+// SIGHUP (the terminal or ssh session closed, no nohup) stops the run as
+// SIGTERM does: the step finished, a checkpoint saved, exit 129. And output
+// piped to a reader that has gone (`| head`, or `| tee` closed with the
+// terminal) does not kill the run: it trains on to the end.
+TEST(TrainResume, SighupSavesAndAClosedPipeDoesNotStopTheRun) {
+  TinyRun t;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  pid_t pid = test::spawn_orchard(t.args("hup"), t.env, t.dir.file("hup.log"));
+  ASSERT_TRUE(wait_for_checkpoint(t.dir.file("hup"), 8, pid));
+  ::kill(pid, SIGHUP);
+  EXPECT_EQ(test::wait_child(pid), 128 + SIGHUP) << "stopped, not finished";
+  std::string log = test::read_text(t.dir.file("hup.log"));
+  EXPECT_NE(
+      log.find("Stopped by SIGHUP (the terminal closed) after step"),
+      std::string::npos)
+      << log;
+  auto again = test::run_orchard(t.args("hup"), t.env);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  expect_identical(
+      t.final_weights("hup"), t.final_weights("reference"), "after SIGHUP");
+
+  // `head -n 1` reads the first line and exits; pipefail gives orchard's
+  // own exit code (141, SIGPIPE's, if a write killed it).
+  std::string cmd =
+      "set -o pipefail; cd " + test::shell_quote(t.dir.path()) + " &&";
+  for (const auto& [k, v] : t.env)
+    cmd += " " + k + "=" + test::shell_quote(v);
+  cmd += " " + test::shell_quote(ORCHARD_BIN);
+  for (const auto& a : t.args("piped"))
+    cmd += " " + test::shell_quote(a);
+  cmd += " 2>&1 | head -n 1 >/dev/null";
+  const int rc = std::system(("bash -c " + test::shell_quote(cmd)).c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 0);
+  expect_identical(
+      t.final_weights("piped"),
+      t.final_weights("reference"),
+      "output piped to head");
+}
+
 TEST(TrainResume, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   TinyRun t;
   auto args = t.args("damaged");
@@ -343,7 +385,9 @@ TEST(TrainOptions, TraceVariablesAreCheckedBeforeTraining) {
   TinyRun t;
   auto args = t.args("traced");
   std::replace(
-      args.begin(), args.end(), std::string("num_iterations=40"),
+      args.begin(),
+      args.end(),
+      std::string("num_iterations=40"),
       std::string("num_iterations=3"));
   auto env = t.env;
   env["ORCHARD_TRACE"] = t.dir.file("step.json");
