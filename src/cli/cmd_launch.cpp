@@ -3,13 +3,17 @@
 // `--nproc_per_node` and the rest, work too): starts N copies of
 // orchard on this node with torchrun's variables (RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT),
-// forwards SIGINT/SIGTERM to them, prefixes each rank's stderr with its
-// rank, and when one fails stops the others (SIGTERM, then SIGKILL after a
-// grace period) and exits with the failed rank's code.
+// forwards SIGINT/SIGTERM/SIGHUP to them, prefixes each rank's stderr with
+// its rank, and when one fails stops the others (SIGTERM, then SIGKILL after
+// a grace period) and exits with the failed rank's code. Node 0's launcher
+// serves the rendezvous store, as torchrun's agent does, and the launchers
+// watch each other through it (dist/node_watch.h): a rank failing on one
+// node stops every node's ranks.
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/version.h"
 #include "dist/launch_env.h"
+#include "dist/node_watch.h"
 
 #include <torch/cuda.h>
 
@@ -20,6 +24,7 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,12 +35,23 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+extern char** environ;
 
 namespace orchard::cli {
 namespace {
 
 // Seconds the other ranks get to stop after SIGTERM before SIGKILL.
 constexpr int kGraceSeconds = 20;
+// Seconds node 0's launcher waits for the other nodes to finish once its
+// own ranks have (they end within moments of each other in a healthy run).
+constexpr int kWaitForNodesSeconds = 300;
+// Signals passed on to every rank (SIGHUP: the terminal or ssh session
+// closed); each rank finishes its step, rank 0 saves, and they exit.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
 
 volatile std::sig_atomic_t g_forward = 0; // a signal to pass on
 
@@ -100,11 +116,57 @@ std::string self_path() {
   return program_name();
 }
 
+// The environment of one rank: this process's, with torchrun's variables
+// set. With a watch, node 0's launcher serves the store and every rank
+// connects to it, as torchrun's agent and its ranks do.
+std::vector<std::string> rank_environment(
+    const Settings& s,
+    int local_rank,
+    bool launcher_store) {
+  const int world = s.nnodes * s.nproc;
+  std::map<std::string, std::string> set = {
+      {"RANK", std::to_string(s.node_rank * s.nproc + local_rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world)},
+      {"LOCAL_WORLD_SIZE", std::to_string(s.nproc)},
+      {"GROUP_RANK", std::to_string(s.node_rank)},
+      {"MASTER_ADDR", s.master_addr},
+      {"MASTER_PORT", std::to_string(s.master_port)},
+      {"TORCHELASTIC_USE_AGENT_STORE", launcher_store ? "True" : "False"},
+      {"TORCHELASTIC_RESTART_COUNT", "0"}};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string v = *e;
+    if (!set.count(v.substr(0, v.find('='))))
+      env.push_back(v);
+  }
+  for (const auto& [k, v] : set)
+    env.push_back(k + "=" + v);
+  return env;
+}
+
+// Starts one rank, its stderr into a pipe (err_fd, the read end). The
+// child only calls what is safe after fork() in a program with threads
+// (the store's server runs one): everything it needs is made here first.
 pid_t start_rank(
     const Settings& s,
     int local_rank,
     const std::string& exe,
+    bool launcher_store,
     int& err_fd) {
+  std::vector<std::string> args = {exe};
+  args.insert(args.end(), s.command.begin(), s.command.end());
+  std::vector<std::string> env =
+      rank_environment(s, local_rank, launcher_store);
+  std::vector<char*> argv, envp;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string cannot = "cannot run " + exe + "\n";
+  const pid_t launcher = ::getpid();
   int fds[2];
   if (::pipe(fds) != 0)
     throw UserError(
@@ -119,28 +181,16 @@ pid_t start_rank(
     ::dup2(fds[1], STDERR_FILENO);
     ::close(fds[0]);
     ::close(fds[1]);
-    const int world = s.nnodes * s.nproc;
-    const int rank = s.node_rank * s.nproc + local_rank;
-    auto set = [](const char* k, const std::string& v) {
-      ::setenv(k, v.c_str(), 1);
-    };
-    set("RANK", std::to_string(rank));
-    set("LOCAL_RANK", std::to_string(local_rank));
-    set("WORLD_SIZE", std::to_string(world));
-    set("LOCAL_WORLD_SIZE", std::to_string(s.nproc));
-    set("GROUP_RANK", std::to_string(s.node_rank));
-    set("MASTER_ADDR", s.master_addr);
-    set("MASTER_PORT", std::to_string(s.master_port));
-    ::unsetenv("TORCHELASTIC_USE_AGENT_STORE"); // rank 0 serves the store
-    std::vector<std::string> args = {exe};
-    args.insert(args.end(), s.command.begin(), s.command.end());
-    std::vector<char*> argv;
-    for (auto& a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(exe.c_str(), argv.data());
-    std::fprintf(
-        stderr, "cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
+#if defined(__linux__)
+    // A launcher that is killed takes its ranks along (each saves first,
+    // as on any SIGTERM) rather than leaving them training unwatched.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher)
+      ::_exit(128 + SIGTERM);
+#endif
+    ::execve(exe.c_str(), argv.data(), envp.data());
+    [[maybe_unused]] auto n =
+        ::write(STDERR_FILENO, cannot.data(), cannot.size());
     ::_exit(127);
   }
   ::close(fds[1]);
@@ -180,6 +230,24 @@ std::string how_it_ended(int status) {
         std::to_string(WTERMSIG(status)) + " (" +
         ::strsignal(WTERMSIG(status)) + ")";
   return "ended";
+}
+
+std::string signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT (Ctrl-C)"
+      : sig == SIGTERM ? "SIGTERM"
+      : sig == SIGHUP  ? "SIGHUP (the terminal closed)"
+                       : "signal " + std::to_string(sig);
+}
+
+// The signal a rank stopped for after saving: Orchard's exit 128 + a
+// forwarded signal (not a death by it, which is WIFSIGNALED); 0 otherwise.
+int stop_signal_of(int status) {
+  if (!WIFEXITED(status))
+    return 0;
+  for (int sig : kForwarded)
+    if (WEXITSTATUS(status) == 128 + sig)
+      return sig;
+  return 0;
 }
 
 int exit_code_of(int status) {
@@ -233,32 +301,64 @@ int run_launch(const Settings& s) {
       s.master_addr.c_str(),
       s.master_port);
   std::fflush(stdout);
+  // Node 0 serves the rendezvous; the other nodes wait for it here,
+  // before starting their ranks.
+  if (s.node_rank > 0) {
+    std::printf(
+        "orchard launch: joining node 0 at %s:%d\n",
+        s.master_addr.c_str(),
+        s.master_port);
+    std::fflush(stdout);
+  }
+  std::unique_ptr<dist::NodeWatch> watch = dist::NodeWatch::start(
+      s.master_addr, s.master_port, s.node_rank, s.nnodes);
 
   struct sigaction sa {};
   sa.sa_handler = on_launch_signal;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int {
-  }, old_term{};
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  struct sigaction old[3] = {};
+  for (int i = 0; i < 3; ++i)
+    sigaction(kForwarded[i], &sa, &old[i]);
 
   std::vector<Child> children(size_t(s.nproc));
   for (int i = 0; i < s.nproc; ++i) {
     children[size_t(i)].rank = s.node_rank * s.nproc + i;
-    children[size_t(i)].pid = start_rank(s, i, exe, children[size_t(i)].err_fd);
+    children[size_t(i)].pid =
+        start_rank(s, i, exe, watch != nullptr, children[size_t(i)].err_fd);
   }
   int result = 0;
-  std::string failure; // the first rank that failed, and how
-  std::string where;   // where its own account of it is, if anywhere
-  time_t kill_at = 0;  // SIGKILL the rest after this time
-  int forwarded = 0;   // the signal passed on to every rank, if any
+  std::string failure;       // the first rank that failed, and how
+  std::string where;         // where its own account of it is, if anywhere
+  time_t kill_at = 0;        // SIGKILL the rest after this time
+  int forwarded = 0;         // the signal passed on to every rank, if any
+  int stopped_on_signal = 0; // ranks' exit 128 + SIGINT/TERM/HUP, saved
   int running = s.nproc;
+  time_t next_look = 0;      // the next look at the other nodes
+  time_t ended_at = 0;       // when this node's ranks had all ended
+  bool said_waiting = false; // node 0: "waiting for the other nodes"
   auto stop_others = [&](int sig) {
     for (auto& c : children)
       if (c.running)
         ::kill(c.pid, sig);
   };
-  while (running > 0) {
+  // Another node's rank failed or a node is gone: this node's ranks stop.
+  auto stop_for =
+      [&](const std::string& why, const std::string& account, int code) {
+        if (!failure.empty())
+          return;
+        failure = why;
+        where = account;
+        result = code;
+        if (running > 0) {
+          std::fprintf(
+              stderr,
+              "orchard launch: %s; stopping this node's rank(s).\n",
+              failure.c_str());
+          stop_others(SIGTERM);
+          kill_at = std::time(nullptr) + kGraceSeconds;
+        }
+      };
+  for (;;) {
     if (g_forward) {
       forwarded = g_forward;
       g_forward = 0;
@@ -285,17 +385,20 @@ int run_launch(const Settings& s) {
         ::close(c.err_fd);
         c.err_fd = -1;
         const int code = exit_code_of(status);
-        // A rank that stopped as the signal passed on asked (128 + it, as
-        // one process would) has not failed: the others are stopping too,
-        // and rank 0 may still be saving.
-        const int asked = forwarded ? forwarded : int(g_forward);
-        if (asked && code == 128 + asked) {
+        // A rank that stopped for a signal after saving (Orchard exits
+        // 128 + it, as one process would; with several processes every
+        // rank stops after the same step, signalled itself or not) has
+        // not failed, and rank 0 may still be saving.
+        if (const int sig = stop_signal_of(status)) {
+          stopped_on_signal = stopped_on_signal ? stopped_on_signal : sig;
           result = result ? result : code;
           continue;
         }
         if (code != 0 && failure.empty()) {
-          failure =
-              "rank " + std::to_string(c.rank) + " " + how_it_ended(status);
+          failure = "rank " + std::to_string(c.rank) +
+              (s.nnodes > 1 ? " (node " + std::to_string(s.node_rank) + ")"
+                            : std::string()) +
+              " " + how_it_ended(status);
           where = c.wrote ? "its error is above, marked [rank " +
                   std::to_string(c.rank) + "]"
               : WIFSIGNALED(status)
@@ -303,6 +406,8 @@ int run_launch(const Settings& s) {
                 "out-of-memory killer (see dmesg) or a kill command"
               : "it printed nothing on stderr";
           result = code;
+          if (watch)
+            watch->report_failure(failure, code);
           if (running > 0) {
             std::fprintf(
                 stderr,
@@ -314,24 +419,84 @@ int run_launch(const Settings& s) {
         }
       }
     }
-    if (kill_at && std::time(nullptr) >= kill_at) {
+    const time_t now = std::time(nullptr);
+    if (kill_at && now >= kill_at) {
       stop_others(SIGKILL);
       kill_at = 0;
     }
+    if (running == 0 && ended_at == 0) {
+      ended_at = now;
+      if (watch)
+        watch->finished(result);
+    }
+    // Node 0 serves the store: it stays until every other node has read
+    // what it needs (a failure, the end) and said it finished, or is gone.
+    if (running == 0 && (!watch || watch->others_finished()))
+      break;
+    if (watch && now >= next_look) {
+      next_look = now + 1;
+      const dist::NodeNews news = watch->look();
+      if (!news.failure.empty())
+        stop_for(
+            news.failure,
+            "its error is in that node's output",
+            news.failure_code ? news.failure_code : 1);
+      if (!news.lost.empty())
+        stop_for(news.lost, "the ranks there may still be running", 1);
+    }
+    if (running > 0 || watch->others_finished())
+      continue;
+    // After a failure, node 0 waits no longer than the others' grace.
+    const time_t waited = now - ended_at;
+    if (waited >=
+        (failure.empty() ? kWaitForNodesSeconds : kGraceSeconds + 10)) {
+      std::fprintf(
+          stderr,
+          "orchard launch: the other node(s) had not finished %d s after "
+          "this node's ranks ended; leaving (their launchers find node 0 "
+          "gone and stop their ranks).\n",
+          int(waited));
+      break;
+    }
+    if (!said_waiting && waited >= 2) {
+      said_waiting = true;
+      std::fprintf(
+          stderr,
+          "orchard launch: this node's ranks have ended; waiting for the "
+          "other node(s) to finish.\n");
+    }
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
-  if (!failure.empty())
+  for (int i = 0; i < 3; ++i)
+    sigaction(kForwarded[i], &old[i], nullptr);
+  const std::string all = s.nproc == 1
+      ? "it has exited"
+      : "all " + std::to_string(s.nproc) + " have exited";
+  if (!failure.empty()) {
     std::fprintf(
         stderr, "orchard launch: %s (%s).\n", failure.c_str(), where.c_str());
-  else if (forwarded)
+    // A failure here may be the echo of one on another node.
+    if (watch)
+      for (const std::string& there : watch->failures_elsewhere())
+        if (there != failure)
+          std::fprintf(
+              stderr,
+              "orchard launch: also, on another node: %s (its error is in "
+              "that node's output).\n",
+              there.c_str());
+  } else if (forwarded)
     std::fprintf(
         stderr,
         "orchard launch: stopped by %s, passed on to every rank; %s.\n",
-        forwarded == SIGINT ? "SIGINT (Ctrl-C)" : "SIGTERM",
-        s.nproc == 1
-            ? "it has exited"
-            : ("all " + std::to_string(s.nproc) + " have exited").c_str());
+        signal_name(forwarded).c_str(),
+        all.c_str());
+  else if (stopped_on_signal)
+    std::fprintf(
+        stderr,
+        "orchard launch: the ranks stopped for %s, sent to a rank itself or "
+        "to another node; every rank stopped after the same step, rank 0 "
+        "saving a checkpoint; %s.\n",
+        signal_name(stopped_on_signal).c_str(),
+        all.c_str());
   return result;
 }
 

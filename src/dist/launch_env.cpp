@@ -174,7 +174,7 @@ std::string LaunchEnv::describe() const {
       " (local " + std::to_string(local_rank) + " of " +
       std::to_string(local_world) + ", node " + std::to_string(node_rank) +
       "), rendezvous at " + master_addr + ":" + std::to_string(master_port) +
-      (agent_store ? " (torchrun's store)" : "");
+      (agent_store ? " (served by the launcher)" : "");
 }
 
 } // namespace orchard::dist

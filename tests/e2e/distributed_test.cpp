@@ -967,6 +967,38 @@ TEST(Distributed, TwoAndThreeProcessesTrainTheLoraAdapterOneProcessTrains) {
 // same weights, bit for bit, as a launch never interrupted.
 // A rank killed, and a Ctrl-C to the launcher: both runs, launched again,
 // end with the weights of one never stopped.
+// The pid of the process `launcher` started as rank `rank` (its RANK), or
+// -1.
+pid_t rank_under(pid_t launcher, int rank) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != launcher)
+      continue;
+    const std::string environ =
+        test::read_text((e.path() / "environ").string());
+    if (environ.find('\0' + ("RANK=" + std::to_string(rank)) + '\0') !=
+        std::string::npos)
+      return std::stoi(pid);
+  }
+  return -1;
+}
+
+// Waits up to `seconds` for a child; its exit code as wait_child gives it,
+// or -1 if it was still running (then killed with SIGKILL and reaped).
+int wait_child_for(pid_t pid, int seconds) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(pid, SIGKILL);
+  test::wait_child(pid);
+  return -1;
+}
+
 TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   REQUIRE_GLOO();
   Corpus c;
@@ -1004,18 +1036,7 @@ TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
 
   // Rank 1 (the launcher's child whose RANK is 1) killed.
   const auto [launcher, log] = start_until_mid_run("killed");
-  pid_t rank1 = -1;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    std::ifstream stat(e.path() / "stat");
-    std::string pid, comm, state;
-    pid_t ppid = 0;
-    if (!(stat >> pid >> comm >> state >> ppid) || ppid != launcher)
-      continue;
-    std::string environ = test::read_text((e.path() / "environ").string());
-    if (environ.find(std::string("RANK=1") + '\0') != std::string::npos &&
-        environ.find(std::string("LOCAL_RANK=1") + '\0') != std::string::npos)
-      rank1 = std::stoi(pid);
-  }
+  const pid_t rank1 = rank_under(launcher, 1);
   ASSERT_GT(rank1, 0) << "no rank 1 under the launcher";
   ::kill(rank1, SIGKILL);
   const int code = test::wait_child(launcher);
@@ -1049,6 +1070,117 @@ TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   EXPECT_EQ(said.find("stopping the other rank(s)"), std::string::npos) << said;
   EXPECT_EQ(said.find("SIGTERM"), std::string::npos) << said;
   resumes_to_the_reference("interrupted");
+}
+
+// Two nodes (two `orchard launch --nnodes 2` groups on this host): starts
+// both on a long run and returns their launchers once it has saved a
+// checkpoint past step 20. Node 0 serves the rendezvous.
+struct TwoNodes {
+  pid_t node[2] = {-1, -1};
+  std::string log[2];
+};
+TwoNodes start_two_nodes(
+    const Corpus& c,
+    const std::string& run,
+    const std::map<std::string, std::string>& env) {
+  const std::string port = std::to_string(free_port());
+  TwoNodes t;
+  for (int r : {1, 0}) {
+    std::vector<std::string> a = {
+        "launch",
+        "--nnodes=2",
+        "--node-rank=" + std::to_string(r),
+        "--master-addr=127.0.0.1",
+        "--master-port=" + port,
+        "--"};
+    for (const auto& x :
+         c.train(run, 100000, {"save_every=20", "device_batch_size=4"}))
+      a.push_back(x);
+    t.log[r] = c.dir.file(run + "-node" + std::to_string(r) + ".log");
+    t.node[r] = test::spawn_orchard(a, env, t.log[r]);
+  }
+  bool mid_run = false;
+  for (int i = 0; i < 6000 && !mid_run; ++i) {
+    for (const auto& [step, dir] : runs::list_checkpoints(c.dir.file(run)))
+      mid_run = mid_run || step >= 20;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(mid_run) << test::read_text(t.log[0]);
+  return t;
+}
+
+// A rank failing on one node stops the other node's ranks at once, even
+// one that is not in a collective to notice (here stopped with SIGSTOP, as
+// a rank hangs; under NCCL a rank waits in its collective up to a 10-minute
+// timeout): node 1's launcher says so in the store node 0's serves, and
+// node 0's launcher reads it within a second.
+TEST(Distributed, ARankFailingOnOneNodeStopsEveryNode) {
+  REQUIRE_GLOO();
+  Corpus c;
+  TwoNodes t = start_two_nodes(c, "failing", c.env);
+  const pid_t rank0 = rank_under(t.node[0], 0),
+              rank1 = rank_under(t.node[1], 1);
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  ::kill(rank0, SIGSTOP);
+  ::kill(rank1, SIGKILL);
+  EXPECT_EQ(wait_child_for(t.node[1], 120), 128 + SIGKILL)
+      << test::read_text(t.log[1]);
+  // Node 0's rank never answers SIGTERM (it is stopped): SIGKILL after the
+  // grace. Left alone, node 0 would wait for it for ever.
+  const int code = wait_child_for(t.node[0], 120);
+  if (code < 0)
+    ::kill(rank0, SIGKILL); // its launcher, killed, takes it along
+  EXPECT_EQ(code, 128 + SIGKILL) << test::read_text(t.log[0]);
+  const std::string said = test::read_text(t.log[0]);
+  EXPECT_NE(
+      said.find("orchard launch: rank 1 (node 1) was killed by signal 9 "
+                "(Killed); stopping this node's rank(s)."),
+      std::string::npos)
+      << said;
+  EXPECT_NE(said.find("its error is in that node's output"), std::string::npos)
+      << said;
+  // The checkpoints written before are intact.
+  for (const auto& [step, dir] : runs::list_checkpoints(c.dir.file("failing")))
+    EXPECT_NO_THROW(runs::load_checkpoint(dir)) << dir;
+}
+
+// A node that falls silent (its launcher stopped here; its machine or
+// network gone in life) is noticed by node 0's launcher, which stops its
+// own ranks: they finish their step with the silent node's ranks (still
+// running here), and rank 0 saves.
+TEST(Distributed, ASilentNodeStopsTheOthersWhoSave) {
+  REQUIRE_GLOO();
+  Corpus c;
+  auto env = c.env;
+  env["ORCHARD_TEST_NODE_SILENCE_S"] = "3";
+  TwoNodes t = start_two_nodes(c, "silent", env);
+  ::kill(t.node[1], SIGSTOP);
+  const int code = wait_child_for(t.node[0], 120);
+  ::kill(t.node[1], SIGCONT);
+  EXPECT_EQ(code, 1) << test::read_text(t.log[0]);
+  const std::string said = test::read_text(t.log[0]);
+  EXPECT_NE(
+      said.find("orchard launch: node 1's launcher has not been heard from "
+                "for 3 s"),
+      std::string::npos)
+      << said;
+  EXPECT_NE(said.find("Stopped by SIGTERM after step"), std::string::npos)
+      << said;
+  const auto saved = runs::list_checkpoints(c.dir.file("silent"));
+  ASSERT_FALSE(saved.empty());
+  EXPECT_NO_THROW(runs::load_checkpoint(saved.back().second));
+  // Node 1's rank stopped with node 0's, for the signal node 0's rank was
+  // sent; node 1's launcher, woken, finds them ended and node 0 gone.
+  EXPECT_EQ(wait_child_for(t.node[1], 120), 128 + SIGTERM)
+      << test::read_text(t.log[1]);
+  EXPECT_NE(
+      test::read_text(t.log[1]).find(
+          "orchard launch: the ranks stopped for SIGTERM, sent to a rank "
+          "itself or to another node; every rank stopped after the same "
+          "step, rank 0 saving a checkpoint; it has exited."),
+      std::string::npos)
+      << test::read_text(t.log[1]);
 }
 
 // `orchard pipeline` under the launcher: base, mid and sft each trained on
@@ -1211,11 +1343,34 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   socklen_t n = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
   const int taken = ntohs(a.sin_port);
+  // The launcher serves the rendezvous: it says so before starting any
+  // rank.
   r = test::run_orchard(c.launch(taken, c.train("x", 1)), c.env);
-  ::close(fd);
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find(
+          "orchard launch cannot serve the rendezvous on port " +
+          std::to_string(taken)),
+      std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("the port is taken"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("rank 0 exited with code 2"), std::string::npos)
+  EXPECT_EQ(r.err.find("[rank 0]"), std::string::npos) << r.err;
+  // Started by hand (or by torchrun without its agent's store), rank 0
+  // serves the rendezvous itself, and says the same.
+  r = test::run_orchard(
+      c.train("x", 1),
+      {{"ORCHARD_HOME", c.dir.file("home")},
+       {"WORLD_SIZE", "2"},
+       {"RANK", "0"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", std::to_string(taken)}});
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find(
+          "rank 0 cannot serve the rendezvous at 127.0.0.1:" +
+          std::to_string(taken)),
+      std::string::npos)
       << r.err;
 
   // Two nodes started with different settings: refused by both ranks,

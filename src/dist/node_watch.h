@@ -1,0 +1,79 @@
+// The launchers of one run (`orchard launch`, one a node) watching each
+// other through the rendezvous store, as torchrun's agents do. Node 0's
+// launcher serves the store; its ranks, the other nodes' launchers and
+// their ranks connect to it (the ranks as torchrun's do with
+// TORCHELASTIC_USE_AGENT_STORE=True). Each launcher writes there when one
+// of its ranks fails, reads whether another node's did, counts a heartbeat
+// and says when its ranks have all ended. So a rank that fails on one node
+// stops every node's ranks within a second or two, rather than leaving
+// them waiting in a collective (NCCL waits up to its 10-minute timeout);
+// and a node whose launcher falls silent (its machine or network gone) or,
+// seen from the others, node 0's store going away stops them too.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace orchard::dist {
+
+// What a launcher learned of the other nodes at one look.
+struct NodeNews {
+  // A rank that failed on another node, as its launcher put it ("rank 3
+  // (node 1) was killed by signal 9 (Killed)"), and its exit code.
+  std::string failure;
+  int failure_code = 0;
+  // Why another node is taken for gone ("node 1's launcher has not been
+  // heard from for 60 s", "node 0's launcher at h0:29500 cannot be
+  // reached (...)"), or "".
+  std::string lost;
+};
+
+// Seconds of silence after which a node is taken for gone: 60, or
+// ORCHARD_TEST_NODE_SILENCE_S (the tests' shorter wait).
+double node_silence_limit_s();
+
+// Whether a node whose heartbeat count was last seen to change at
+// `changed_at` (seconds, any clock) and which has not said it finished is
+// gone at `now`.
+bool node_silent_too_long(double changed_at, double now, double limit_s);
+
+class NodeWatch {
+ public:
+  // Node 0 serves the store on `port` (a UserError saying what to do when
+  // it is taken); the other nodes connect to addr:port, waiting for node 0
+  // as long as the ranks wait at a rendezvous. nullptr where this build
+  // has no c10d (the ranks then refuse several processes themselves).
+  static std::unique_ptr<NodeWatch> start(
+      const std::string& addr,
+      int port,
+      int node,
+      int nodes);
+  ~NodeWatch();
+  NodeWatch(const NodeWatch&) = delete;
+  NodeWatch& operator=(const NodeWatch&) = delete;
+
+  // One of this node's ranks failed: `what` ("rank 3 (node 1) exited with
+  // code 1") for the other nodes. The first report of the run stands.
+  void report_failure(const std::string& what, int code);
+  // Beats, and reads what is new elsewhere (about once a second). A
+  // failure or a loss is returned once.
+  NodeNews look();
+  // Each other node's first failed rank, as its launcher reported it (a
+  // failure here may be only the echo of one there: a collective that
+  // broke when that rank died).
+  std::vector<std::string> failures_elsewhere();
+  // This node's ranks have all ended, the worst with `code`.
+  void finished(int code);
+  // Node 0: whether every other node has finished or is gone (true on the
+  // others, and after a loss).
+  bool others_finished();
+
+ private:
+  struct Impl;
+  explicit NodeWatch(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace orchard::dist
