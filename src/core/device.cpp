@@ -178,6 +178,16 @@ DeviceInfo device_of_local_rank(
   if (!d.device.is_cuda())
     return d;
   const int gpus = static_cast<int>(m.cuda.size());
+  // One GPU visible to a rank past the first: its launcher gave each
+  // process its own (Slurm's --gpus-per-task, CUDA_VISIBLE_DEVICES per
+  // rank). Where it did not, the ranks find they share it when they join
+  // (dist::init) and say so.
+  if (gpus == 1 && local_rank > 0)
+    return cuda_device(
+        m,
+        0,
+        d.why + ", LOCAL_RANK=" + std::to_string(local_rank) +
+            " on the one GPU this process sees");
   if (local_rank < 0 || local_rank >= gpus)
     throw UserError(
         "LOCAL_RANK=" + std::to_string(local_rank) + " but this machine has " +

@@ -44,8 +44,10 @@ void check_distributed_supported(const DeviceInfo& d, int world_size);
 
 // Of several processes on one host, the one with this LOCAL_RANK: on CUDA,
 // GPU `local_rank` with its own name and memory (what the memory planner
-// reads), else `d` unchanged. Throws UserError when this host has too few
-// GPUs for that rank.
+// reads), or the only GPU a process sees (each rank given its own by
+// CUDA_VISIBLE_DEVICES, as Slurm's --gpus-per-task does), else `d`
+// unchanged. Throws UserError when this host has too few GPUs for that
+// rank.
 DeviceInfo device_of_local_rank(
     const DeviceInfo& d,
     const MachineFacts& m,

@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include <cstdlib>
+#include <map>
 
 namespace orchard::dist {
 namespace {
@@ -160,6 +161,17 @@ LaunchEnv read_launch_env(const EnvGet& env) {
     e.master_port = slurm.number_or("MASTER_PORT", 29500, 1, 65535);
   }
   return e;
+}
+
+std::optional<std::pair<int, int>> first_shared_gpu(
+    const std::vector<std::string>& gpu_of_rank) {
+  std::map<std::string, int> first; // GPU -> the first rank on it
+  for (int r = 0; r < int(gpu_of_rank.size()); ++r) {
+    const auto [at, fresh] = first.emplace(gpu_of_rank[size_t(r)], r);
+    if (!fresh)
+      return std::pair{at->second, r};
+  }
+  return std::nullopt;
 }
 
 LaunchEnv read_launch_env() {

@@ -18,6 +18,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace orchard::dist {
 
@@ -61,5 +63,11 @@ struct ProcessCount {
   std::string why;
 };
 ProcessCount processes_per_node(const std::string& value, int cuda_gpus);
+
+// Of every rank's GPU, as each named it ("host's GPU at PCI 0000:19:00.0"),
+// the first two ranks that name the same one, or nullopt. NCCL needs a
+// GPU of its own for each rank (two on one fail with "invalid usage").
+std::optional<std::pair<int, int>> first_shared_gpu(
+    const std::vector<std::string>& gpu_of_rank);
 
 } // namespace orchard::dist

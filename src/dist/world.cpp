@@ -19,6 +19,8 @@
 #endif
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #if defined(ORCHARD_HAVE_C10D)
@@ -137,6 +139,42 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env) {
 }
 #endif
 
+#if defined(USE_C10D_NCCL)
+// Every rank names its GPU (host and PCI address) in the store and reads
+// the others': two ranks on one GPU are refused here, by every rank alike,
+// rather than by NCCL's "invalid usage" at the first collective.
+void check_one_gpu_each(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const LaunchEnv& env,
+    const torch::Device& device) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  char bus[64] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device.index()) != cudaSuccess)
+    std::snprintf(bus, sizeof bus, "index %d", int(device.index()));
+  const std::string mine = std::string(host) + "'s GPU at PCI " + bus;
+  std::vector<std::string> gpus(size_t(env.world));
+  detail::collective("comparing the ranks' GPUs", [&] {
+    store->set(
+        "gpu/" + std::to_string(env.rank),
+        std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (int r = 0; r < env.world; ++r) {
+      const auto v = store->get("gpu/" + std::to_string(r));
+      gpus[size_t(r)] = std::string(v.begin(), v.end());
+    }
+  });
+  if (const auto shared = first_shared_gpu(gpus))
+    throw UserError(
+        "rank " + std::to_string(shared->first) + " and rank " +
+        std::to_string(shared->second) + " are both on " +
+        gpus[size_t(shared->first)] +
+        ": NCCL needs a GPU of its own for each rank. Start at most as "
+        "many processes on a node as it has GPUs (`orchard launch "
+        "--nproc-per-node gpu`), each with its own (LOCAL_RANK, or "
+        "CUDA_VISIBLE_DEVICES naming one GPU a process).");
+}
+#endif
+
 } // namespace
 
 namespace detail {
@@ -217,6 +255,10 @@ void init(const LaunchEnv& env, const torch::Device& device) {
   w.device = device;
   w.backend = backend;
   w.store = rendezvous(env);
+#if defined(USE_C10D_NCCL)
+  if (device.is_cuda())
+    check_one_gpu_each(w.store, env, device);
+#endif
   collective("joining the " + backend + " process group", [&] {
 #if defined(USE_C10D_NCCL)
     if (device.is_cuda()) {

@@ -172,6 +172,16 @@ TEST(Device, EachLocalRankGetsItsOwnGpusFacts) {
         std::string::npos)
         << e.what();
   }
+  // One GPU visible to each process (Slurm's --gpus-per-task): rank 3
+  // takes it (two ranks sharing one are refused when they join).
+  const MachineFacts one = cuda_box(1);
+  const DeviceInfo bound =
+      device_of_local_rank(resolve_device("auto", one), one, 3);
+  EXPECT_EQ(bound.device, c10::Device(c10::DeviceType::CUDA, 0));
+  EXPECT_NE(
+      bound.why.find("LOCAL_RANK=3 on the one GPU this process sees"),
+      std::string::npos)
+      << bound.why;
   // Gloo on the CPU: every rank shares the one device.
   const DeviceInfo cpu = resolve_device("cpu", m);
   EXPECT_EQ(device_of_local_rank(cpu, m, 1).device, cpu.device);

@@ -124,6 +124,25 @@ TEST(LaunchEnv, SlurmAsFallback) {
       std::string::npos);
 }
 
+// NCCL needs a GPU of its own for each rank: the first two ranks naming
+// the same one (host and PCI address) are found.
+TEST(LaunchEnv, RanksSharingAGpuAreFound) {
+  EXPECT_EQ(first_shared_gpu({}), std::nullopt);
+  EXPECT_EQ(
+      first_shared_gpu({"a's GPU at PCI 1", "a's GPU at PCI 2"}), std::nullopt);
+  // The same PCI address on two hosts is two GPUs.
+  EXPECT_EQ(
+      first_shared_gpu({"a's GPU at PCI 1", "b's GPU at PCI 1"}), std::nullopt);
+  EXPECT_EQ(
+      first_shared_gpu(
+          {"a's GPU at PCI 1",
+           "a's GPU at PCI 2",
+           "b's GPU at PCI 1",
+           "a's GPU at PCI 2",
+           "a's GPU at PCI 1"}),
+      std::make_optional(std::pair{1, 3}));
+}
+
 TEST(LaunchEnv, FirstSlurmHost) {
   EXPECT_EQ(first_slurm_host("node1"), "node1");
   EXPECT_EQ(first_slurm_host("node1,node2"), "node1");

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `orchard launch` on the CUDA machine's one GPU (`run` with kind
+# nvidia-h200; carry .device-debs): the CUDA build (PyTorch 2.x) with the
+# launchers' watch (src/dist/node_watch.cpp), its unit tests, and from the
+# command line:
+#   1. one process a GPU (`--nproc-per-node gpu`), SIGHUP to the launcher
+#      mid-training: passed on, rank 0 saves, exit 129;
+#   2. two "nodes" of one process each on one host: node 0's launcher
+#      serves the rendezvous, node 1's joins, the ranks connect as
+#      torchrun's agent's do; with one GPU both ranks are on it, which NCCL
+#      cannot do: both must stop, saying that rank 0 and rank 1 share a
+#      GPU, with exit 2 (what each said is printed);
+#   3. `--nproc-per-node 2` on the one GPU: the same refusal.
+# SKIP_BUILD=1 reuses a build a previous call left on the still-warm
+# machine.
+set -uo pipefail
+source scripts/device_debs.sh
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-cuda/orchard ]; then :
+else device_build orchard orchard_unit_tests; fi
+O=$PWD/build-cuda/orchard
+./build-cuda/orchard_unit_tests --gtest_filter='NodeWatch.*:StopSignal.*:LaunchEnv.*' 2>&1 | tail -3
+export ORCHARD_HOME=/tmp/launch-home
+W=/tmp/launch-work
+rm -rf $W && mkdir -p $W
+python3 scripts/word_corpus.py $W/corpus.txt 20000
+RUN="train data_paths=[$W/corpus.txt] depth=4 num_iterations=100000 save_every=0 eval_every=0 sample_every=0"
+
+# 1. SIGHUP to the launcher.
+$O launch --standalone --nproc-per-node gpu -- $RUN run_dir=$W/hup > $W/hup.log 2>&1 &
+L=$!
+for _ in $(seq 180); do grep -q "^step [0-9]*/" $W/hup.log && break; sleep 1; done
+sleep 3
+kill -HUP $L
+wait $L
+echo "1. SIGHUP: launcher exit $? (want 129)"
+grep -E "^Stopped|^orchard launch|error" $W/hup.log
+
+# 2. Two nodes on one GPU.
+$O launch --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29571 -- $RUN run_dir=$W/two \
+  > $W/node1.log 2>&1 &
+N1=$!
+timeout 300 $O launch --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29571 -- $RUN run_dir=$W/two \
+  > $W/node0.log 2>&1
+echo "2. two nodes, one GPU: node 0 exit $?"
+wait $N1
+echo "   node 1 exit $?"
+for n in 0 1; do
+  echo "--- node $n"
+  grep -E "^orchard launch|error|Distributed" $W/node$n.log | cut -c1-400 | head -12
+done
+
+# 3. Two processes on one GPU.
+$O launch --standalone --nproc-per-node 2 -- $RUN run_dir=$W/shared > $W/shared.log 2>&1
+echo "3. two processes, one GPU: exit $? (want 2)"
+grep -E "^orchard launch|error" $W/shared.log | cut -c1-400 | head -8
