@@ -116,6 +116,21 @@ std::string self_path() {
   return program_name();
 }
 
+// This launch's own words up to its `--`, for the hints the ranks end
+// with ("Next stage: orchard launch --nproc-per-node 2 -- train ...").
+std::string launch_as(const Settings& s) {
+  std::string a =
+      program_name() + " launch --nproc-per-node " + s.nproc_per_node;
+  if (s.nnodes > 1)
+    a += " --nnodes " + std::to_string(s.nnodes) + " --node-rank " +
+        std::to_string(s.node_rank) + " --master-addr " + s.master_addr;
+  if (s.standalone)
+    a += " --standalone";
+  else if (s.master_port_given)
+    a += " --master-port " + std::to_string(s.master_port);
+  return a + " --";
+}
+
 // The environment of one rank: this process's, with torchrun's variables
 // set. With a watch, node 0's launcher serves the store and every rank
 // connects to it, as torchrun's agent and its ranks do.
@@ -133,7 +148,8 @@ std::vector<std::string> rank_environment(
       {"MASTER_ADDR", s.master_addr},
       {"MASTER_PORT", std::to_string(s.master_port)},
       {"TORCHELASTIC_USE_AGENT_STORE", launcher_store ? "True" : "False"},
-      {"TORCHELASTIC_RESTART_COUNT", "0"}};
+      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"ORCHARD_LAUNCH_AS", launch_as(s)}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string v = *e;
@@ -154,7 +170,8 @@ pid_t start_rank(
     const std::string& exe,
     bool launcher_store,
     int& err_fd) {
-  std::vector<std::string> args = {exe};
+  // argv[0] as the user typed it (the ranks' hints name the program so).
+  std::vector<std::string> args = {program_name()};
   args.insert(args.end(), s.command.begin(), s.command.end());
   std::vector<std::string> env =
       rank_environment(s, local_rank, launcher_store);

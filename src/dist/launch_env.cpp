@@ -133,6 +133,7 @@ LaunchEnv read_launch_env(const EnvGet& env) {
     e.agent_store = torchrun.get("TORCHELASTIC_USE_AGENT_STORE") == "True";
     e.restart_count =
         torchrun.number_or("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 20);
+    e.launch_as = torchrun.get("ORCHARD_LAUNCH_AS").value_or("");
   } else if (slurm_tasks) {
     e.launcher = "slurm";
     e.world = slurm.number("SLURM_NTASKS", 2, 1 << 20);
@@ -161,6 +162,20 @@ LaunchEnv read_launch_env(const EnvGet& env) {
     e.master_port = slurm.number_or("MASTER_PORT", 29500, 1, 65535);
   }
   return e;
+}
+
+std::string LaunchEnv::training_command(const std::string& program) const {
+  if (world <= 1)
+    return program;
+  if (!launch_as.empty())
+    return launch_as;
+  if (launcher == "slurm")
+    return "srun " + program;
+  const int nodes = local_world > 0 ? world / local_world : 1;
+  return "torchrun" +
+      (nodes > 1 ? " --nnodes " + std::to_string(nodes) : std::string()) +
+      " --nproc-per-node " + std::to_string(local_world) + " --no-python " +
+      program;
 }
 
 std::optional<std::pair<int, int>> first_shared_gpu(

@@ -33,11 +33,19 @@ struct LaunchEnv {
   int restart_count = 0;
   std::string launcher; // "torchrun" (any launcher setting its variables),
                         // "slurm", or "" for a single process
+  // `orchard launch`'s own command up to its `--` (ORCHARD_LAUNCH_AS, which
+  // it sets), or "" under another launcher.
+  std::string launch_as;
   bool multi() const {
     return world > 1;
   }
   // "rank 1 of 4 (local 1 of 2, node 0), rendezvous at host:29500"
   std::string describe() const;
+  // How to start another training command the way this one was, for the
+  // hints a run ends with: `program` alone for one process; `orchard
+  // launch`'s own words; "torchrun [--nnodes M] --nproc-per-node N
+  // --no-python program"; "srun program".
+  std::string training_command(const std::string& program) const;
 };
 
 using EnvGet = std::function<std::optional<std::string>(const std::string&)>;

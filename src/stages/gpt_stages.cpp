@@ -2,6 +2,7 @@
 
 #include "core/dtype.h"
 #include "core/version.h"
+#include "dist/world.h"
 #include "runs/load.h"
 #include "stages/plan.h"
 #include "stages/samples.h"
@@ -125,12 +126,14 @@ class GptStage : public Stage {
     const std::string which = "--checkpoint " + r.run_dir;
     const std::string run = cfg.run.empty() ? "" : " run=" + cfg.run;
     const std::string& orchard = program_name();
+    // Training on several processes: the next stage is started alike.
+    const std::string train =
+        dist::launch().training_command(orchard) + " train";
     if (name() == "base")
       return "\nGenerate more: " + orchard + " generate " + which +
-          " --prompt \"...\"\nNext stage: " + orchard + " train stage=mid" +
-          run + "\n";
+          " --prompt \"...\"\nNext stage: " + train + " stage=mid" + run + "\n";
     if (name() == "mid")
-      return "\nNext stage: " + orchard + " train stage=sft" + run + "\n";
+      return "\nNext stage: " + train + " stage=sft" + run + "\n";
     return "\nChat with it: " + orchard + " chat " + which + " (or " + orchard +
         " serve " + which + ")\n";
   }

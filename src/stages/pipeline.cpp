@@ -266,6 +266,8 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
   const std::string run_flag = p.custom_run.empty() ? "" : " --run " + p.name;
   const char* orchard = program_name().c_str();
   const char* stage = p.stages.back().name.c_str();
+  // On several processes, training further is started alike.
+  const std::string train = dist::launch().training_command(program_name());
   std::printf(
       "\nContinue:\n"
       "  %s chat -i %s%s                  chat in the terminal\n"
@@ -279,7 +281,7 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
       orchard,
       stage,
       run_flag.c_str(),
-      orchard);
+      train.c_str());
   return true;
 }
 

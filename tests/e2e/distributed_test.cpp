@@ -378,6 +378,15 @@ TEST(Distributed, TwoNodesOnOneHostTrainWhatOneProcessTrains) {
   ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
   EXPECT_NE(first.out.find("Distributed: rank 0 of 2"), std::string::npos)
       << first.out;
+  // The next stage is started as this one was.
+  EXPECT_NE(
+      first.out.find(
+          "Next stage: " + std::string(ORCHARD_BIN) +
+          " launch --nproc-per-node 1 --nnodes 2 --node-rank 0 --master-addr "
+          "127.0.0.1 --master-port " +
+          port + " -- train stage=mid"),
+      std::string::npos)
+      << first.out;
   // Node 1's only process is rank 1: it writes nothing to the run folder.
   EXPECT_EQ(
       test::read_text(c.dir.file("node1.log")).find("Distributed: rank"),
@@ -1220,9 +1229,18 @@ TEST(Distributed, TwoProcessesRunThePipelineOneProcessRuns) {
   };
   auto one = test::run_orchard(pipeline("one"), c.env, c.dir.file("work"));
   ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  const int port = free_port();
   auto two = test::run_orchard(
-      c.launch(free_port(), pipeline("two")), c.env, c.dir.file("work"));
+      c.launch(port, pipeline("two")), c.env, c.dir.file("work"));
   ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
+  // Training further is started as this pipeline was.
+  EXPECT_NE(
+      two.out.find(
+          std::string(ORCHARD_BIN) +
+          " launch --nproc-per-node 2 --master-port " + std::to_string(port) +
+          " -- pipeline mid_iterations=N"),
+      std::string::npos)
+      << two.out;
   const size_t plan = two.out.find("Pipeline for two:");
   EXPECT_NE(plan, std::string::npos) << two.out;
   EXPECT_EQ(two.out.find("Pipeline for two:", plan + 1), std::string::npos)

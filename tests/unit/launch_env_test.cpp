@@ -124,6 +124,32 @@ TEST(LaunchEnv, SlurmAsFallback) {
       std::string::npos);
 }
 
+// The hints a run ends with start the next training command as this one
+// was started.
+TEST(LaunchEnv, TheNextTrainingCommandIsStartedAlike) {
+  EXPECT_EQ(read({}).training_command("orchard"), "orchard");
+  const std::map<std::string, std::string> two = {
+      {"WORLD_SIZE", "4"},
+      {"RANK", "0"},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "h0"},
+      {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(
+      read(two).training_command("orchard"),
+      "torchrun --nnodes 2 --nproc-per-node 2 --no-python orchard");
+  auto launched = two;
+  launched["ORCHARD_LAUNCH_AS"] = "orchard launch --nproc-per-node 2 --";
+  EXPECT_EQ(
+      read(launched).training_command("orchard"),
+      "orchard launch --nproc-per-node 2 --");
+  EXPECT_EQ(
+      read({{"SLURM_PROCID", "0"},
+            {"SLURM_NTASKS", "2"},
+            {"SLURM_JOB_NODELIST", "gpu01"}})
+          .training_command("orchard"),
+      "srun orchard");
+}
+
 // NCCL needs a GPU of its own for each rank: the first two ranks naming
 // the same one (host and PCI address) are found.
 TEST(LaunchEnv, RanksSharingAGpuAreFound) {
