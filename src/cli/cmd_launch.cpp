@@ -517,6 +517,18 @@ int run_launch(const Settings& s) {
   return result;
 }
 
+// "its options: --nproc-per-node, --nnodes, ...", from launch's own
+// declarations.
+std::string launch_options(const CLI::App& launch) {
+  std::string said = "its options:";
+  for (const CLI::Option* o : launch.get_options()) {
+    if (o->get_lnames().empty() || o == launch.get_help_ptr())
+      continue;
+    said += (said.back() == ':' ? " --" : ", --") + o->get_lnames().front();
+  }
+  return said + ", and torchrun's underscore spellings of them";
+}
+
 } // namespace
 
 void separate_launched_command(
@@ -533,9 +545,14 @@ void separate_launched_command(
       // One of launch's options (its value the next word unless given
       // with '='), or one it does not know: CLI11 then says so.
       const size_t eq = a.find('=');
-      const CLI::Option* o = launch->get_option_no_throw(a.substr(0, eq));
+      const std::string name = a.substr(0, eq);
+      const CLI::Option* o = launch->get_option_no_throw(name);
       if (o == nullptr)
-        return;
+        throw UserError(
+            "'" + name + "' is not an option of orchard launch (" +
+            launch_options(*launch) +
+            "). An option of the command goes after the command: `orchard "
+            "launch --nproc-per-node 2 -- train --device cpu`.");
       i += eq == std::string::npos && o->get_items_expected_max() > 0 ? 2 : 1;
       continue;
     }

@@ -1419,6 +1419,17 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
         std::string::npos)
         << said;
 
+  // An option launch does not have (or the command's, put before it).
+  r = test::run_orchard(
+      {"launch", "--nproc-per-node", "2", "--device", "cpu", "train"}, c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("'--device' is not an option of orchard launch (its "
+                 "options: --nproc-per-node, --nnodes, --node-rank"),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("goes after the command"), std::string::npos) << r.err;
+
   // Several nodes without node 0's address; a node number out of range.
   r = test::run_orchard(
       {"launch", "--nnodes", "2", "--", "train", "--device", "cpu"}, c.env);
