@@ -194,12 +194,13 @@ void collective(const std::string& what, const std::function<void()>& fn) {
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) { // c10::Error, or c10d's socket errors
-    throw UserError(
-        "rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
-        ": " + what + " failed (" + why_of(e) +
+    const std::string said = "rank " + std::to_string(rank()) + " of " +
+        std::to_string(size()) + ": " + what + " failed (" + why_of(e) +
         "). Another rank most likely stopped (its error is printed above), "
         "or the network between the ranks broke. Checkpoints already "
-        "written are intact: run the same launch again to resume.");
+        "written are intact: run the same launch again to resume.";
+    // Not bad input (exit 2): `orchard launch --max-restarts` restarts.
+    throw UserError(said, kExitFailure);
   }
 }
 
