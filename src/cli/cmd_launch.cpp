@@ -8,7 +8,9 @@
 // a grace period) and exits with the failed rank's code. Node 0's launcher
 // serves the rendezvous store, as torchrun's agent does, and the launchers
 // watch each other through it (dist/node_watch.h): a rank failing on one
-// node stops every node's ranks.
+// node stops every node's ranks. With --max-restarts N (torchrun's), every
+// node then starts its ranks again, up to N times, and they resume from
+// the run's newest checkpoint.
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/version.h"
@@ -68,6 +70,7 @@ struct Settings {
   bool master_addr_given = false; // several nodes must name node 0
   bool master_port_given = false;
   bool standalone = false; // one node, a free port (torchrun's)
+  int max_restarts = 0;    // attempts after a failure (torchrun's)
   std::vector<std::string> command;
 };
 
@@ -128,15 +131,19 @@ std::string launch_as(const Settings& s) {
     a += " --standalone";
   else if (s.master_port_given)
     a += " --master-port " + std::to_string(s.master_port);
+  if (s.max_restarts > 0)
+    a += " --max-restarts " + std::to_string(s.max_restarts);
   return a + " --";
 }
 
 // The environment of one rank: this process's, with torchrun's variables
 // set. With a watch, node 0's launcher serves the store and every rank
-// connects to it, as torchrun's agent and its ranks do.
+// connects to it, as torchrun's agent and its ranks do, its keys apart for
+// each attempt (TORCHELASTIC_RESTART_COUNT).
 std::vector<std::string> rank_environment(
     const Settings& s,
     int local_rank,
+    int attempt,
     bool launcher_store) {
   const int world = s.nnodes * s.nproc;
   std::map<std::string, std::string> set = {
@@ -148,7 +155,7 @@ std::vector<std::string> rank_environment(
       {"MASTER_ADDR", s.master_addr},
       {"MASTER_PORT", std::to_string(s.master_port)},
       {"TORCHELASTIC_USE_AGENT_STORE", launcher_store ? "True" : "False"},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
       {"ORCHARD_LAUNCH_AS", launch_as(s)}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -167,6 +174,7 @@ std::vector<std::string> rank_environment(
 pid_t start_rank(
     const Settings& s,
     int local_rank,
+    int attempt,
     const std::string& exe,
     bool launcher_store,
     int& err_fd) {
@@ -174,7 +182,7 @@ pid_t start_rank(
   std::vector<std::string> args = {program_name()};
   args.insert(args.end(), s.command.begin(), s.command.end());
   std::vector<std::string> env =
-      rank_environment(s, local_rank, launcher_store);
+      rank_environment(s, local_rank, attempt, launcher_store);
   std::vector<char*> argv, envp;
   for (auto& a : args)
     argv.push_back(a.data());
@@ -275,6 +283,244 @@ int exit_code_of(int status) {
   return 1;
 }
 
+// How one attempt of the run ended on this node.
+struct Attempt {
+  int result = 0;            // the exit code this node ends with
+  std::string failure;       // the first rank that failed, and how
+  std::string where;         // where its own account of it is, if anywhere
+  bool node_lost = false;    // another node, or node 0's store, is gone
+  int forwarded = 0;         // the signal passed on to every rank, if any
+  int stopped_on_signal = 0; // ranks' exit 128 + SIGINT/TERM/HUP, saved
+};
+
+// Why a failed attempt is not followed by another, or "" when it is: the
+// restarts are used up, the user stopped the run, a node is gone, or the
+// run's first failure was Orchard's exit 2 (bad input, which a restart
+// would only repeat). Every node decides alike: the code is the run's
+// first, read from node 0's store.
+std::string why_not_restarted(
+    const Attempt& a,
+    const Settings& s,
+    dist::NodeWatch* watch,
+    int attempt) {
+  if (attempt >= s.max_restarts)
+    return s.max_restarts == 0
+        ? "--max-restarts is 0"
+        : "--max-restarts " + std::to_string(s.max_restarts) + " used up";
+  if (a.forwarded || g_forward)
+    return "the run was stopped by a signal to orchard launch";
+  if (a.node_lost)
+    return "a node is gone; start every node's `orchard launch` again to "
+           "resume";
+  const int first = watch ? watch->first_failure_code() : 0;
+  const int code = first ? first : a.result;
+  if (code == kExitUsage)
+    return "the rank exited with code 2, Orchard's answer to bad input, "
+           "which a restart would only repeat; fix what its error says";
+  return "";
+}
+
+// One attempt: starts this node's ranks and waits for them, stopping them
+// all when one fails, when another node's rank fails or when a node is
+// gone. Node 0's launcher serves the store and, unless the ranks restart,
+// stays until every other node has finished.
+Attempt run_attempt(
+    const Settings& s,
+    const std::string& exe,
+    dist::NodeWatch* watch,
+    int attempt) {
+  std::vector<Child> children(size_t(s.nproc));
+  for (int i = 0; i < s.nproc; ++i) {
+    children[size_t(i)].rank = s.node_rank * s.nproc + i;
+    children[size_t(i)].pid = start_rank(
+        s, i, attempt, exe, watch != nullptr, children[size_t(i)].err_fd);
+  }
+  Attempt a;
+  time_t kill_at = 0; // SIGKILL the rest after this time
+  int running = s.nproc;
+  time_t next_look = 0;      // the next look at the other nodes
+  time_t ended_at = 0;       // when this node's ranks had all ended
+  bool said_waiting = false; // node 0: "waiting for the other nodes"
+  auto stop_others = [&](int sig) {
+    for (auto& c : children)
+      if (c.running)
+        ::kill(c.pid, sig);
+  };
+  // Another node's rank failed or a node is gone: this node's ranks stop.
+  auto stop_for =
+      [&](const std::string& why, const std::string& account, int code) {
+        if (!a.failure.empty())
+          return;
+        a.failure = why;
+        a.where = account;
+        a.result = code;
+        if (running > 0) {
+          std::fprintf(
+              stderr,
+              "orchard launch: %s; stopping this node's rank(s).\n",
+              a.failure.c_str());
+          stop_others(SIGTERM);
+          kill_at = std::time(nullptr) + kGraceSeconds;
+        }
+      };
+  for (;;) {
+    if (g_forward) {
+      a.forwarded = g_forward;
+      g_forward = 0;
+      stop_others(a.forwarded); // each finishes its step and exits (rank 0
+                                // saves a checkpoint first)
+    }
+    std::vector<pollfd> fds;
+    for (auto& c : children)
+      if (c.err_fd >= 0)
+        fds.push_back({c.err_fd, POLLIN, 0});
+    ::poll(fds.data(), nfds_t(fds.size()), 200);
+    for (auto& c : children)
+      if (c.err_fd >= 0)
+        drain(c, false);
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& c : children) {
+        if (c.pid != pid || !c.running)
+          continue;
+        c.running = false;
+        --running;
+        drain(c, true);
+        ::close(c.err_fd);
+        c.err_fd = -1;
+        const int code = exit_code_of(status);
+        // A rank that stopped for a signal after saving (Orchard exits
+        // 128 + it, as one process would; with several processes every
+        // rank stops after the same step, signalled itself or not) has
+        // not failed, and rank 0 may still be saving.
+        if (const int sig = stop_signal_of(status)) {
+          a.stopped_on_signal = a.stopped_on_signal ? a.stopped_on_signal : sig;
+          a.result = a.result ? a.result : code;
+          continue;
+        }
+        if (code != 0 && a.failure.empty()) {
+          a.failure = "rank " + std::to_string(c.rank) +
+              (s.nnodes > 1 ? " (node " + std::to_string(s.node_rank) + ")"
+                            : std::string()) +
+              " " + how_it_ended(status);
+          a.where = c.wrote ? "its error is above, marked [rank " +
+                  std::to_string(c.rank) + "]"
+              : WIFSIGNALED(status)
+              ? "it printed nothing: stopped from outside, e.g. by the "
+                "out-of-memory killer (see dmesg) or a kill command"
+              : "it printed nothing on stderr";
+          a.result = code;
+          if (watch)
+            watch->report_failure(a.failure, code);
+          if (running > 0) {
+            std::fprintf(
+                stderr,
+                "orchard launch: %s; stopping the other rank(s).\n",
+                a.failure.c_str());
+            stop_others(SIGTERM);
+            kill_at = std::time(nullptr) + kGraceSeconds;
+          }
+        }
+      }
+    }
+    const time_t now = std::time(nullptr);
+    if (kill_at && now >= kill_at) {
+      stop_others(SIGKILL);
+      kill_at = 0;
+    }
+    if (running == 0 && ended_at == 0) {
+      ended_at = now;
+      if (watch)
+        watch->finished(a.result);
+    }
+    // Node 0 serves the store: it stays until every other node has read
+    // what it needs (a failure, the end) and said it finished, or is gone.
+    // Restarting, every node goes on to the next attempt at once.
+    if (running == 0 &&
+        (!watch || watch->others_finished() ||
+         (!a.failure.empty() &&
+          why_not_restarted(a, s, watch, attempt).empty())))
+      break;
+    if (watch && now >= next_look) {
+      next_look = now + 1;
+      const dist::NodeNews news = watch->look();
+      if (!news.failure.empty())
+        stop_for(
+            news.failure,
+            "its error is in that node's output",
+            news.failure_code ? news.failure_code : 1);
+      if (!news.lost.empty()) {
+        stop_for(news.lost, "the ranks there may still be running", 1);
+        a.node_lost = true;
+      }
+    }
+    if (running > 0 || watch->others_finished())
+      continue;
+    // After a failure, node 0 waits no longer than the others' grace.
+    const time_t waited = now - ended_at;
+    if (waited >=
+        (a.failure.empty() ? kWaitForNodesSeconds : kGraceSeconds + 10)) {
+      std::fprintf(
+          stderr,
+          "orchard launch: the other node(s) had not finished %d s after "
+          "this node's ranks ended; leaving (their launchers find node 0 "
+          "gone and stop their ranks).\n",
+          int(waited));
+      break;
+    }
+    if (!said_waiting && waited >= 2) {
+      said_waiting = true;
+      std::fprintf(
+          stderr,
+          "orchard launch: this node's ranks have ended; waiting for the "
+          "other node(s) to finish.\n");
+    }
+  }
+  return a;
+}
+
+// The attempt's last line: the failure (and another node's, where this
+// one may be its echo), or the signal the ranks stopped for.
+void say_how_it_ended(
+    const Attempt& a,
+    const Settings& s,
+    dist::NodeWatch* watch) {
+  const std::string all = s.nproc == 1
+      ? "it has exited"
+      : "all " + std::to_string(s.nproc) + " have exited";
+  if (!a.failure.empty()) {
+    std::fprintf(
+        stderr,
+        "orchard launch: %s (%s).\n",
+        a.failure.c_str(),
+        a.where.c_str());
+    // A failure here may be the echo of one on another node.
+    if (watch)
+      for (const std::string& there : watch->failures_elsewhere())
+        if (there != a.failure)
+          std::fprintf(
+              stderr,
+              "orchard launch: also, on another node: %s (its error is in "
+              "that node's output).\n",
+              there.c_str());
+  } else if (a.forwarded)
+    std::fprintf(
+        stderr,
+        "orchard launch: stopped by %s, passed on to every rank; %s.\n",
+        signal_name(a.forwarded).c_str(),
+        all.c_str());
+  else if (a.stopped_on_signal)
+    std::fprintf(
+        stderr,
+        "orchard launch: the ranks stopped for %s, sent to a rank itself or "
+        "to another node; every rank stopped after the same step, rank 0 "
+        "saving a checkpoint; %s.\n",
+        signal_name(a.stopped_on_signal).c_str(),
+        all.c_str());
+  std::fflush(stderr);
+}
+
 int run_launch(const Settings& s) {
   if (s.command.empty())
     throw UserError(
@@ -336,184 +582,39 @@ int run_launch(const Settings& s) {
   struct sigaction old[3] = {};
   for (int i = 0; i < 3; ++i)
     sigaction(kForwarded[i], &sa, &old[i]);
-
-  std::vector<Child> children(size_t(s.nproc));
-  for (int i = 0; i < s.nproc; ++i) {
-    children[size_t(i)].rank = s.node_rank * s.nproc + i;
-    children[size_t(i)].pid =
-        start_rank(s, i, exe, watch != nullptr, children[size_t(i)].err_fd);
-  }
   int result = 0;
-  std::string failure;       // the first rank that failed, and how
-  std::string where;         // where its own account of it is, if anywhere
-  time_t kill_at = 0;        // SIGKILL the rest after this time
-  int forwarded = 0;         // the signal passed on to every rank, if any
-  int stopped_on_signal = 0; // ranks' exit 128 + SIGINT/TERM/HUP, saved
-  int running = s.nproc;
-  time_t next_look = 0;      // the next look at the other nodes
-  time_t ended_at = 0;       // when this node's ranks had all ended
-  bool said_waiting = false; // node 0: "waiting for the other nodes"
-  auto stop_others = [&](int sig) {
-    for (auto& c : children)
-      if (c.running)
-        ::kill(c.pid, sig);
-  };
-  // Another node's rank failed or a node is gone: this node's ranks stop.
-  auto stop_for =
-      [&](const std::string& why, const std::string& account, int code) {
-        if (!failure.empty())
-          return;
-        failure = why;
-        where = account;
-        result = code;
-        if (running > 0) {
-          std::fprintf(
-              stderr,
-              "orchard launch: %s; stopping this node's rank(s).\n",
-              failure.c_str());
-          stop_others(SIGTERM);
-          kill_at = std::time(nullptr) + kGraceSeconds;
-        }
-      };
-  for (;;) {
-    if (g_forward) {
-      forwarded = g_forward;
-      g_forward = 0;
-      stop_others(forwarded); // each finishes its step and exits (rank 0
-                              // saves a checkpoint first)
-    }
-    std::vector<pollfd> fds;
-    for (auto& c : children)
-      if (c.err_fd >= 0)
-        fds.push_back({c.err_fd, POLLIN, 0});
-    ::poll(fds.data(), nfds_t(fds.size()), 200);
-    for (auto& c : children)
-      if (c.err_fd >= 0)
-        drain(c, false);
-    int status = 0;
-    pid_t pid;
-    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-      for (auto& c : children) {
-        if (c.pid != pid || !c.running)
-          continue;
-        c.running = false;
-        --running;
-        drain(c, true);
-        ::close(c.err_fd);
-        c.err_fd = -1;
-        const int code = exit_code_of(status);
-        // A rank that stopped for a signal after saving (Orchard exits
-        // 128 + it, as one process would; with several processes every
-        // rank stops after the same step, signalled itself or not) has
-        // not failed, and rank 0 may still be saving.
-        if (const int sig = stop_signal_of(status)) {
-          stopped_on_signal = stopped_on_signal ? stopped_on_signal : sig;
-          result = result ? result : code;
-          continue;
-        }
-        if (code != 0 && failure.empty()) {
-          failure = "rank " + std::to_string(c.rank) +
-              (s.nnodes > 1 ? " (node " + std::to_string(s.node_rank) + ")"
-                            : std::string()) +
-              " " + how_it_ended(status);
-          where = c.wrote ? "its error is above, marked [rank " +
-                  std::to_string(c.rank) + "]"
-              : WIFSIGNALED(status)
-              ? "it printed nothing: stopped from outside, e.g. by the "
-                "out-of-memory killer (see dmesg) or a kill command"
-              : "it printed nothing on stderr";
-          result = code;
-          if (watch)
-            watch->report_failure(failure, code);
-          if (running > 0) {
-            std::fprintf(
-                stderr,
-                "orchard launch: %s; stopping the other rank(s).\n",
-                failure.c_str());
-            stop_others(SIGTERM);
-            kill_at = std::time(nullptr) + kGraceSeconds;
-          }
-        }
-      }
-    }
-    const time_t now = std::time(nullptr);
-    if (kill_at && now >= kill_at) {
-      stop_others(SIGKILL);
-      kill_at = 0;
-    }
-    if (running == 0 && ended_at == 0) {
-      ended_at = now;
-      if (watch)
-        watch->finished(result);
-    }
-    // Node 0 serves the store: it stays until every other node has read
-    // what it needs (a failure, the end) and said it finished, or is gone.
-    if (running == 0 && (!watch || watch->others_finished()))
-      break;
-    if (watch && now >= next_look) {
-      next_look = now + 1;
-      const dist::NodeNews news = watch->look();
-      if (!news.failure.empty())
-        stop_for(
-            news.failure,
-            "its error is in that node's output",
-            news.failure_code ? news.failure_code : 1);
-      if (!news.lost.empty())
-        stop_for(news.lost, "the ranks there may still be running", 1);
-    }
-    if (running > 0 || watch->others_finished())
-      continue;
-    // After a failure, node 0 waits no longer than the others' grace.
-    const time_t waited = now - ended_at;
-    if (waited >=
-        (failure.empty() ? kWaitForNodesSeconds : kGraceSeconds + 10)) {
-      std::fprintf(
-          stderr,
-          "orchard launch: the other node(s) had not finished %d s after "
-          "this node's ranks ended; leaving (their launchers find node 0 "
-          "gone and stop their ranks).\n",
-          int(waited));
+  for (int attempt = 0;; ++attempt) {
+    const Attempt a = run_attempt(s, exe, watch.get(), attempt);
+    say_how_it_ended(a, s, watch.get());
+    result = a.result;
+    if (a.failure.empty()) {
+      if (attempt > 0 && result == 0)
+        std::fprintf(
+            stderr,
+            "orchard launch: the run finished after %d restart(s).\n",
+            attempt);
       break;
     }
-    if (!said_waiting && waited >= 2) {
-      said_waiting = true;
-      std::fprintf(
-          stderr,
-          "orchard launch: this node's ranks have ended; waiting for the "
-          "other node(s) to finish.\n");
+    const std::string why_not = why_not_restarted(a, s, watch.get(), attempt);
+    if (!why_not.empty()) {
+      if (s.max_restarts > 0)
+        std::fprintf(
+            stderr, "orchard launch: not restarted: %s.\n", why_not.c_str());
+      break;
     }
+    std::fprintf(
+        stderr,
+        "orchard launch: restarting %s (restart %d of %d, --max-restarts); "
+        "they resume from the run's newest checkpoint.\n",
+        s.nnodes > 1 ? "every node's ranks" : "the ranks",
+        attempt + 1,
+        s.max_restarts);
+    std::fflush(stderr);
+    if (watch)
+      watch->start_attempt(attempt + 1);
   }
   for (int i = 0; i < 3; ++i)
     sigaction(kForwarded[i], &old[i], nullptr);
-  const std::string all = s.nproc == 1
-      ? "it has exited"
-      : "all " + std::to_string(s.nproc) + " have exited";
-  if (!failure.empty()) {
-    std::fprintf(
-        stderr, "orchard launch: %s (%s).\n", failure.c_str(), where.c_str());
-    // A failure here may be the echo of one on another node.
-    if (watch)
-      for (const std::string& there : watch->failures_elsewhere())
-        if (there != failure)
-          std::fprintf(
-              stderr,
-              "orchard launch: also, on another node: %s (its error is in "
-              "that node's output).\n",
-              there.c_str());
-  } else if (forwarded)
-    std::fprintf(
-        stderr,
-        "orchard launch: stopped by %s, passed on to every rank; %s.\n",
-        signal_name(forwarded).c_str(),
-        all.c_str());
-  else if (stopped_on_signal)
-    std::fprintf(
-        stderr,
-        "orchard launch: the ranks stopped for %s, sent to a rank itself or "
-        "to another node; every rank stopped after the same step, rank 0 "
-        "saving a checkpoint; %s.\n",
-        signal_name(stopped_on_signal).c_str(),
-        all.c_str());
   return result;
 }
 
@@ -593,6 +694,13 @@ Command register_launch(CLI::App& root) {
       st->standalone,
       "one node, the rendezvous on a free port of 127.0.0.1 (torchrun's "
       "--standalone): two runs on one host need no --master-port");
+  app->add_option(
+         "--max-restarts,--max_restarts",
+         st->max_restarts,
+         "after a rank fails, start every rank again this many times at "
+         "most, each resuming from the run's newest checkpoint (torchrun's "
+         "--max-restarts); default 0")
+      ->check(CLI::Range(0, 1000));
   app->add_option(
       "command",
       st->command,

@@ -56,7 +56,8 @@ bool node_silent_too_long(double changed_at, double now, double limit_s) {
 
 struct NodeWatch::Impl {
   c10::intrusive_ptr<c10d::Store> tcp;   // the connection (node 0: server)
-  c10::intrusive_ptr<c10d::Store> store; // its "orchard_launch/" keys
+  c10::intrusive_ptr<c10d::Store> base;  // its "orchard_launch/" keys
+  c10::intrusive_ptr<c10d::Store> store; // this attempt's: "attempt_<k>/"
   std::string where;                     // addr:port
   int node = 0, nodes = 1;
   double limit_s = 60;
@@ -119,12 +120,33 @@ std::unique_ptr<NodeWatch> NodeWatch::start(
         "the port is reachable from this host.");
   }
   impl->tcp->setTimeout(kAnswerTimeout);
-  impl->store =
+  impl->base =
       c10::make_intrusive<c10d::PrefixStore>("orchard_launch", impl->tcp);
   impl->beats.assign(size_t(nodes), -1);
   impl->changed_at.assign(size_t(nodes), now_s());
-  impl->done.assign(size_t(nodes), false);
-  return std::unique_ptr<NodeWatch>(new NodeWatch(std::move(impl)));
+  auto watch = std::unique_ptr<NodeWatch>(new NodeWatch(std::move(impl)));
+  watch->start_attempt(0);
+  return watch;
+}
+
+void NodeWatch::start_attempt(int attempt) {
+  Impl& w = *impl_;
+  w.store = c10::make_intrusive<c10d::PrefixStore>(
+      "attempt_" + std::to_string(attempt), w.base);
+  w.reported = false;
+  w.failure_seen = false;
+  w.done.assign(size_t(w.nodes), false);
+}
+
+int NodeWatch::first_failure_code() {
+  Impl& w = *impl_;
+  try {
+    if (!w.lost && w.store->check({"failure"}))
+      return std::atoi(w.text("failure").c_str());
+  } catch (const std::exception&) {
+    // Node 0 is gone: the run stops, whatever the code.
+  }
+  return 0;
 }
 
 NodeWatch::NodeWatch(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -153,7 +175,7 @@ NodeNews NodeWatch::look() {
   if (w.lost)
     return news;
   try {
-    w.store->add("beat/" + std::to_string(w.node), 1);
+    w.base->add("beat/" + std::to_string(w.node), 1);
     if (!w.failure_seen && w.store->check({"failure"})) {
       w.failure_seen = true;
       std::istringstream said(w.text("failure"));
@@ -177,7 +199,7 @@ NodeNews NodeWatch::look() {
         w.done[i] = true;
         continue;
       }
-      const int64_t beats = w.store->add("beat/" + n, 0);
+      const int64_t beats = w.base->add("beat/" + n, 0);
       if (beats != w.beats[i]) {
         w.beats[i] = beats;
         w.changed_at[i] = now;
@@ -257,6 +279,10 @@ void NodeWatch::finished(int) {}
 bool NodeWatch::others_finished() {
   return true;
 }
+int NodeWatch::first_failure_code() {
+  return 0;
+}
+void NodeWatch::start_attempt(int) {}
 
 #endif
 

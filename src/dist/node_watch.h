@@ -8,7 +8,9 @@
 // stops every node's ranks within a second or two, rather than leaving
 // them waiting in a collective (NCCL waits up to its 10-minute timeout);
 // and a node whose launcher falls silent (its machine or network gone) or,
-// seen from the others, node 0's store going away stops them too.
+// seen from the others, node 0's store going away stops them too. With
+// restarts, every node's launcher starts its ranks again in the next
+// attempt, each attempt's keys apart.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +71,14 @@ class NodeWatch {
   // Node 0: whether every other node has finished or is gone (true on the
   // others, and after a loss).
   bool others_finished();
+  // The exit code of the run's first failed rank in this attempt, as its
+  // launcher reported it (every node reads the same), or 0 when none was
+  // reported or node 0 is gone.
+  int first_failure_code();
+  // Every node restarts its ranks (`orchard launch --max-restarts`):
+  // failures and ends are kept apart per attempt, so what was said of
+  // attempt k-1 is no news in attempt k. Heartbeats and a loss carry over.
+  void start_attempt(int attempt);
 
  private:
   struct Impl;

@@ -1008,6 +1008,18 @@ int wait_child_for(pid_t pid, int seconds) {
   return -1;
 }
 
+// Waits up to two minutes for `run` to hold a checkpoint at `step` or
+// later.
+bool wait_for_checkpoint(const std::string& run, int64_t step) {
+  for (int i = 0; i < 12000; ++i) {
+    for (const auto& [s, d] : runs::list_checkpoints(run))
+      if (s >= step)
+        return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   REQUIRE_GLOO();
   Corpus c;
@@ -1079,6 +1091,38 @@ TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   EXPECT_EQ(said.find("stopping the other rank(s)"), std::string::npos) << said;
   EXPECT_EQ(said.find("SIGTERM"), std::string::npos) << said;
   resumes_to_the_reference("interrupted");
+
+  // With --max-restarts the launcher starts the ranks again itself: they
+  // resume from the newest checkpoint, resume=never notwithstanding, and
+  // the run ends with the never-stopped run's weights.
+  {
+    const std::string log = c.dir.file("restarted.log");
+    std::vector<std::string> a = {"launch", "--max-restarts", "1"};
+    for (const auto& x : c.launch(free_port(), args("restarted")))
+      if (x != "launch")
+        a.push_back(x);
+    a.push_back("resume=never");
+    const pid_t restarting = test::spawn_orchard(a, c.env, log);
+    ASSERT_TRUE(wait_for_checkpoint(c.dir.file("restarted"), 40))
+        << test::read_text(log);
+    const pid_t rank = rank_under(restarting, 1);
+    ASSERT_GT(rank, 0);
+    ::kill(rank, SIGKILL);
+    ASSERT_EQ(wait_child_for(restarting, 300), 0) << test::read_text(log);
+    const std::string out = test::read_text(log);
+    for (const char* line :
+         {"orchard launch: rank 1 was killed by signal 9",
+          "orchard launch: restarting the ranks (restart 1 of 1, "
+          "--max-restarts); they resume from the run's newest checkpoint.",
+          "Restart 1 of this run (TORCHELASTIC_RESTART_COUNT): resuming from "
+          "its newest checkpoint, resume=auto in place of resume=never.",
+          "Resuming from",
+          "orchard launch: the run finished after 1 restart(s)."})
+      EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+    auto want = c.weights("ref", steps), got = c.weights("restarted", steps);
+    for (const auto& [name, t] : want)
+      EXPECT_TRUE(torch::equal(t, got.at(name))) << "restarted: " << name;
+  }
 }
 
 // Two nodes (two `orchard launch --nnodes 2` groups on this host): starts
@@ -1091,7 +1135,8 @@ struct TwoNodes {
 TwoNodes start_two_nodes(
     const Corpus& c,
     const std::string& run,
-    const std::map<std::string, std::string>& env) {
+    const std::map<std::string, std::string>& env,
+    const std::vector<std::string>& launch_options = {}) {
   const std::string port = std::to_string(free_port());
   TwoNodes t;
   for (int r : {1, 0}) {
@@ -1100,8 +1145,9 @@ TwoNodes start_two_nodes(
         "--nnodes=2",
         "--node-rank=" + std::to_string(r),
         "--master-addr=127.0.0.1",
-        "--master-port=" + port,
-        "--"};
+        "--master-port=" + port};
+    a.insert(a.end(), launch_options.begin(), launch_options.end());
+    a.push_back("--");
     for (const auto& x :
          c.train(run, 100000, {"save_every=20", "device_batch_size=4"}))
       a.push_back(x);
@@ -1190,6 +1236,60 @@ TEST(Distributed, ASilentNodeStopsTheOthersWhoSave) {
           "step, rank 0 saving a checkpoint; it has exited."),
       std::string::npos)
       << test::read_text(t.log[1]);
+}
+
+// --max-restarts on two nodes: a rank failing on node 1 makes both
+// launchers start their ranks again, which meet in a new rendezvous and
+// resume from the newest checkpoint; a failure once the restarts are used
+// up ends the run on both nodes, saying so, its checkpoints intact.
+TEST(Distributed, BothNodesRestartTheirRanksUntilTheRestartsAreUsedUp) {
+  REQUIRE_GLOO();
+  Corpus c;
+  TwoNodes t = start_two_nodes(c, "restarts", c.env, {"--max-restarts=1"});
+  const pid_t first = rank_under(t.node[1], 1);
+  ASSERT_GT(first, 0);
+  ::kill(first, SIGKILL);
+  // The second attempt trains on past the first's newest checkpoint.
+  bool restarted = false;
+  for (int i = 0; i < 1200 && !restarted; ++i) {
+    restarted = test::read_text(t.log[0]).find("restarting every node's") !=
+        std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(restarted) << test::read_text(t.log[0]);
+  int64_t newest = 0;
+  for (const auto& [step, dir] : runs::list_checkpoints(c.dir.file("restarts")))
+    newest = std::max(newest, step);
+  ASSERT_TRUE(wait_for_checkpoint(c.dir.file("restarts"), newest + 20))
+      << test::read_text(t.log[0]) << test::read_text(t.log[1]);
+  pid_t second = -1;
+  for (int i = 0; i < 100 && second <= 0; ++i) {
+    second = rank_under(t.node[0], 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(second, 0);
+  ::kill(second, SIGKILL);
+  EXPECT_EQ(wait_child_for(t.node[0], 120), 128 + SIGKILL)
+      << test::read_text(t.log[0]);
+  // Node 1's rank either fails in its next collective (exit 1, a failure
+  // of its own) or is stopped by its launcher, which read node 0's first.
+  const int node1 = wait_child_for(t.node[1], 120);
+  EXPECT_TRUE(node1 == 1 || node1 == 128 + SIGKILL)
+      << node1 << "\n"
+      << test::read_text(t.log[1]);
+  for (int node : {0, 1}) {
+    const std::string said = test::read_text(t.log[size_t(node)]);
+    for (const char* line :
+         {"orchard launch: restarting every node's ranks (restart 1 of 1, "
+          "--max-restarts)",
+          "orchard launch: not restarted: --max-restarts 1 used up."})
+      EXPECT_NE(said.find(line), std::string::npos)
+          << "node " << node << ": " << line << "\n"
+          << said;
+  }
+  EXPECT_NE(test::read_text(t.log[0]).find("Resuming from"), std::string::npos);
+  for (const auto& [step, dir] : runs::list_checkpoints(c.dir.file("restarts")))
+    EXPECT_NO_THROW(runs::load_checkpoint(dir)) << dir;
 }
 
 // `orchard pipeline` under the launcher: base, mid and sft each trained on
@@ -1287,6 +1387,19 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(from_a_rank(r.err, "error: ")) << r.err;
   EXPECT_NE(r.err.find("× world size"), std::string::npos) << r.err;
+  // With restarts allowed, bad input is still not restarted: a restart
+  // would only repeat it.
+  auto restarts =
+      c.launch(free_port(), c.train("x", 1, {"total_batch_size=192"}));
+  restarts.insert(restarts.begin() + 1, {"--max-restarts", "3"});
+  r = test::run_orchard(restarts, c.env);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(
+      r.err.find("orchard launch: not restarted: the rank exited with code "
+                 "2, Orchard's answer to bad input"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("restarting"), std::string::npos) << r.err;
 
   // The averaging settings out of range: what is allowed, before any
   // process starts.

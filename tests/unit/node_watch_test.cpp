@@ -1,8 +1,8 @@
 // The launchers' watch on each other (src/dist/node_watch.h), two of them
 // in this process over loopback: a failure reported by one node is read
 // by the other once, a node that stops beating is taken for gone, node 0's
-// store going away is noticed; and the signal several ranks agree to stop
-// for (train/trainer.h).
+// store going away is noticed, each attempt of a restarted run is apart;
+// and the signal several ranks agree to stop for (train/trainer.h).
 #include "dist/node_watch.h"
 #include "core/error.h"
 #include "train/trainer.h"
@@ -110,6 +110,57 @@ TEST(NodeWatch, ASilentNodeAndAGoneNodeZeroAreNoticed) {
           " cannot be reached"),
       std::string::npos)
       << gone.lost;
+}
+
+// Node 0's launcher hung (stopped, or its machine frozen) with its store's
+// connection still open: the other nodes notice its heartbeat stopping.
+TEST(NodeWatch, NodeZeroFallingSilentIsNoticed) {
+  SilenceLimit limit("0.3");
+  auto [port, node0, node1] = TwoWatches();
+  if (!node0)
+    GTEST_SKIP() << "this build has no c10d";
+  ASSERT_NE(node1, nullptr);
+  node0->look();
+  EXPECT_TRUE(node1->look().lost.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  node0->look();
+  EXPECT_TRUE(node1->look().lost.empty()) << "it beat since";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const NodeNews news = node1->look();
+  EXPECT_NE(
+      news.lost.find("node 0's launcher has not been heard from"),
+      std::string::npos)
+      << news.lost;
+}
+
+// `orchard launch --max-restarts`: each attempt's failures and ends are
+// its own; every node reads the same first failure's code.
+TEST(NodeWatch, EachAttemptHasItsOwnFailuresAndEnds) {
+  auto [port, node0, node1] = TwoWatches();
+  if (!node0)
+    GTEST_SKIP() << "this build has no c10d";
+  ASSERT_NE(node1, nullptr);
+  EXPECT_EQ(node0->first_failure_code(), 0);
+  node1->report_failure("rank 1 (node 1) exited with code 3", 3);
+  EXPECT_EQ(node0->look().failure, "rank 1 (node 1) exited with code 3");
+  EXPECT_EQ(node0->first_failure_code(), 3);
+  EXPECT_EQ(node1->first_failure_code(), 3);
+  node1->finished(3);
+  node0->look();
+  EXPECT_TRUE(node0->others_finished());
+
+  node0->start_attempt(1);
+  node1->start_attempt(1);
+  EXPECT_EQ(node0->first_failure_code(), 0);
+  EXPECT_TRUE(node0->look().failure.empty()) << "attempt 0's, not news";
+  EXPECT_TRUE(node0->failures_elsewhere().empty());
+  EXPECT_FALSE(node0->others_finished()) << "node 1 has not ended attempt 1";
+  node0->report_failure("rank 0 (node 0) exited with code 2", 2);
+  EXPECT_EQ(node1->look().failure, "rank 0 (node 0) exited with code 2");
+  EXPECT_EQ(node1->first_failure_code(), 2);
+  node1->finished(2);
+  node0->look();
+  EXPECT_TRUE(node0->others_finished());
 }
 
 TEST(NodeWatch, ATakenPortAndABadSilenceLimitAreRefused) {
