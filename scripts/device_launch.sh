@@ -10,7 +10,10 @@
 #      torchrun's agent's do; with one GPU both ranks are on it, which NCCL
 #      cannot do: both must stop, saying that rank 0 and rank 1 share a
 #      GPU, with exit 2 (what each said is printed);
-#   3. `--nproc-per-node 2` on the one GPU: the same refusal.
+#   3. `--nproc-per-node 2` on the one GPU: the same refusal;
+#   4. `--max-restarts 1`, the rank killed (SIGKILL) mid-run with
+#      resume=never in its command: the launcher starts it again, it
+#      resumes from the newest checkpoint on the GPU and finishes (exit 0).
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
 # machine.
 set -uo pipefail
@@ -53,3 +56,15 @@ done
 $O launch --standalone --nproc-per-node 2 -- $RUN run_dir=$W/shared > $W/shared.log 2>&1
 echo "3. two processes, one GPU: exit $? (want 2)"
 grep -E "^orchard launch|error" $W/shared.log | cut -c1-400 | head -8
+
+# 4. A restart on the GPU.
+$O launch --standalone --nproc-per-node gpu --max-restarts 1 -- train data_paths=[$W/corpus.txt] depth=4 \
+  num_iterations=1500 save_every=20 eval_every=0 sample_every=0 run_dir=$W/restart resume=never > $W/restart.log 2>&1 &
+L=$!
+for _ in $(seq 600); do ls $W/restart/checkpoints 2>/dev/null | grep -q step_000040 && break; sleep 0.2; done
+R=$(pgrep -P $L | head -1)
+echo "4. killing rank 0 (pid $R) after $(ls $W/restart/checkpoints | tail -1)"
+kill -9 $R
+wait $L
+echo "   launcher exit $? (want 0)"
+grep -E "^orchard launch|^Restart|^Resuming|^Done|error" $W/restart.log | cut -c1-300 | head -12
