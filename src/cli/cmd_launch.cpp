@@ -16,6 +16,7 @@
 #include "core/version.h"
 #include "dist/launch_env.h"
 #include "dist/node_watch.h"
+#include "train/trainer.h"
 
 #include <torch/cuda.h>
 
@@ -255,13 +256,6 @@ std::string how_it_ended(int status) {
         std::to_string(WTERMSIG(status)) + " (" +
         ::strsignal(WTERMSIG(status)) + ")";
   return "ended";
-}
-
-std::string signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT (Ctrl-C)"
-      : sig == SIGTERM ? "SIGTERM"
-      : sig == SIGHUP  ? "SIGHUP (the terminal closed)"
-                       : "signal " + std::to_string(sig);
 }
 
 // The signal a rank stopped for after saving: Orchard's exit 128 + a
@@ -508,7 +502,7 @@ void say_how_it_ended(
     std::fprintf(
         stderr,
         "orchard launch: stopped by %s, passed on to every rank; %s.\n",
-        signal_name(a.forwarded).c_str(),
+        train::signal_name(a.forwarded).c_str(),
         all.c_str());
   else if (a.stopped_on_signal)
     std::fprintf(
@@ -516,7 +510,7 @@ void say_how_it_ended(
         "orchard launch: the ranks stopped for %s, sent to a rank itself or "
         "to another node; every rank stopped after the same step, rank 0 "
         "saving a checkpoint; %s.\n",
-        signal_name(a.stopped_on_signal).c_str(),
+        train::signal_name(a.stopped_on_signal).c_str(),
         all.c_str());
   std::fflush(stderr);
 }

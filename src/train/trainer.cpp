@@ -85,13 +85,6 @@ struct SignalGuard {
   }
 };
 
-std::string signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT"
-      : sig == SIGTERM ? "SIGTERM"
-      : sig == SIGHUP  ? "SIGHUP (the terminal closed)"
-                       : "signal " + std::to_string(sig);
-}
-
 // Steps in a row with a non-finite gradient (float32/bfloat16) before the
 // run stops as diverged rather than train on garbage.
 constexpr int64_t kMaxNonFiniteSteps = 5;
@@ -166,6 +159,13 @@ Trainer::Trainer(
 
 int last_stop_signal() {
   return g_stop_signal ? int(g_stop_signal) : int(g_agreed_signal);
+}
+
+std::string signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT (Ctrl-C)"
+      : sig == SIGTERM ? "SIGTERM"
+      : sig == SIGHUP  ? "SIGHUP (the terminal closed)"
+                       : "signal " + std::to_string(sig);
 }
 
 int agreed_stop_signal(double signalled, double signal_sum) {

@@ -166,6 +166,10 @@ struct TrainerOptions {
 // a program stopped by a signal.
 int last_stop_signal();
 
+// How Orchard names a signal it stops for: "SIGINT (Ctrl-C)", "SIGTERM",
+// "SIGHUP (the terminal closed)", "signal N".
+std::string signal_name(int sig);
+
 // Several processes: the signal the ranks stop for, from the sums over the
 // ranks of "was signalled" (0 or 1) and of the signal's number. Ranks sent
 // different signals (a mean that is none of them) stop for SIGTERM.

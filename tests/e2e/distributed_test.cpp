@@ -1081,7 +1081,8 @@ TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   ::kill(stopped, SIGINT);
   EXPECT_EQ(test::wait_child(stopped), 128 + SIGINT);
   const std::string said = test::read_text(stopped_log);
-  EXPECT_NE(said.find("Stopped by SIGINT after step"), std::string::npos)
+  EXPECT_NE(
+      said.find("Stopped by SIGINT (Ctrl-C) after step"), std::string::npos)
       << said;
   EXPECT_NE(
       said.find("orchard launch: stopped by SIGINT (Ctrl-C), passed on to "
