@@ -35,7 +35,9 @@ target_compile_options(orchard_reader_lib PRIVATE ${ORCHARD_WARNINGS})
 target_compile_options(orchard_reader_lib PUBLIC ${ORCHARD_SANITIZE_FLAGS})
 target_link_options(orchard_reader_lib PUBLIC -fsanitize=address,undefined)
 set_source_files_properties(${CMAKE_SOURCE_DIR}/src/core/version.cpp PROPERTIES
-  COMPILE_DEFINITIONS "ORCHARD_VERSION=\"${PROJECT_VERSION}\";ORCHARD_GIT_COMMIT=\"${ORCHARD_GIT_COMMIT}\";ORCHARD_BUILD_TYPE=\"Sanitize\"")
+  COMPILE_DEFINITIONS "ORCHARD_VERSION=\"${PROJECT_VERSION}\";ORCHARD_BUILD_TYPE=\"Sanitize\""
+  INCLUDE_DIRECTORIES ${CMAKE_BINARY_DIR}/generated)
+add_dependencies(orchard_reader_lib orchard_git_commit)
 if(ORCHARD_WITH_CUDA)
   target_compile_definitions(orchard_reader_lib PRIVATE ORCHARD_WITH_CUDA)
   target_link_libraries(orchard_reader_lib PUBLIC CUDA::cudart)

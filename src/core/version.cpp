@@ -3,6 +3,9 @@
 #ifndef ORCHARD_VERSION
 #define ORCHARD_VERSION "0.0.0"
 #endif
+#if __has_include("git_commit.h")
+#include "git_commit.h" // generated at every build (cmake/git_commit.cmake)
+#endif
 #ifndef ORCHARD_GIT_COMMIT
 #define ORCHARD_GIT_COMMIT "unknown"
 #endif

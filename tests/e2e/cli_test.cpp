@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <cstring>
 #include <regex>
 
 namespace orchard {
@@ -17,6 +19,23 @@ TEST(Cli, VersionAndHelp) {
   auto r = run_orchard({"--version"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(contains(r.out, "0.1.0")) << r.out;
+  // The commit the binary was built from, read at every build (not only
+  // when CMake configured the build folder): the source tree's HEAD.
+  std::string head;
+  const std::string git = "git -C " + test::shell_quote(ORCHARD_SOURCE_DIR) +
+      " rev-parse --short HEAD 2>/dev/null";
+  if (FILE* p = ::popen(git.c_str(), "r")) {
+    char line[64] = {};
+    if (std::fgets(line, sizeof line, p) != nullptr)
+      head = std::string(line, std::strcspn(line, "\n"));
+    ::pclose(p);
+  }
+  if (!head.empty())
+    EXPECT_TRUE(
+        contains(r.out, "(git " + head + ")") ||
+        contains(r.out, "(git " + head + "+changes)"))
+        << r.out << " was not built from " << head
+        << ": rebuild (cmake --build build) and run the tests again";
   r = run_orchard({"--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(contains(r.out, "doctor")) << r.out;
