@@ -21,6 +21,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
+#include <fstream>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #if defined(ORCHARD_HAVE_C10D)
@@ -152,7 +153,16 @@ void check_one_gpu_each(
   char bus[64] = {};
   if (cudaDeviceGetPCIBusId(bus, sizeof bus, device.index()) != cudaSuccess)
     std::snprintf(bus, sizeof bus, "index %d", int(device.index()));
-  const std::string mine = std::string(host) + "'s GPU at PCI " + bus;
+  // The machine is its kernel's boot id (shared by the containers of one
+  // host, different on every other machine, however alike their host
+  // names and PCI layouts), or the host name where there is none; the
+  // message names the host.
+  std::string machine;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  if (!std::getline(boot, machine) || machine.empty())
+    machine = host;
+  const std::string mine =
+      machine + "\n" + std::string(host) + "'s GPU at PCI " + bus;
   std::vector<std::string> gpus(size_t(env.world));
   detail::collective("comparing the ranks' GPUs", [&] {
     store->set(
@@ -167,7 +177,8 @@ void check_one_gpu_each(
     throw UserError(
         "rank " + std::to_string(shared->first) + " and rank " +
         std::to_string(shared->second) + " are both on " +
-        gpus[size_t(shared->first)] +
+        gpus[size_t(shared->first)].substr(
+            gpus[size_t(shared->first)].find('\n') + 1) +
         ": NCCL needs a GPU of its own for each rank. Start at most as "
         "many processes on a node as it has GPUs (`orchard launch "
         "--nproc-per-node gpu`), each with its own (LOCAL_RANK, or "
