@@ -189,6 +189,15 @@ std::optional<std::pair<int, int>> first_shared_gpu(
   return std::nullopt;
 }
 
+int restart_count() {
+  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (v == nullptr)
+    return 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return end != v && *end == '\0' && n > 0 && n < (1 << 20) ? int(n) : 0;
+}
+
 LaunchEnv read_launch_env() {
   return read_launch_env([](const std::string& name) {
     const char* v = std::getenv(name.c_str());

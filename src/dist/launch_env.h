@@ -78,4 +78,10 @@ ProcessCount processes_per_node(const std::string& value, int cuda_gpus);
 std::optional<std::pair<int, int>> first_shared_gpu(
     const std::vector<std::string>& gpu_of_rank);
 
+// Which restart of the run this process is (TORCHELASTIC_RESTART_COUNT, set
+// by `orchard launch --max-restarts` and by torchrun's restarts; 0 when
+// unset or not a number). A restarted process resumes from the run's newest
+// checkpoint, whatever `resume` says (stages/registry.cpp, the Trainer).
+int restart_count();
+
 } // namespace orchard::dist

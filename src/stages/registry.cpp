@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/version.h"
+#include "dist/launch_env.h"
 #include "dist/world.h"
 #include "stages/finetune_stages.h"
 #include "stages/gpt_stages.h"
@@ -45,17 +46,6 @@ std::string requested_stage(const config::Sources& s) {
   return stage;
 }
 
-// Which restart of the run this process is: TORCHELASTIC_RESTART_COUNT,
-// set by `orchard launch --max-restarts` and by torchrun's; 0 otherwise.
-int restart_count() {
-  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (v == nullptr)
-    return 0;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return end != v && *end == '\0' && n > 0 && n < (1 << 20) ? int(n) : 0;
-}
-
 } // namespace
 
 std::unique_ptr<Settings> Stage::configure(
@@ -63,13 +53,15 @@ std::unique_ptr<Settings> Stage::configure(
   std::unique_ptr<Settings> s = defaults();
   s->origins = config::resolve(schema(), s->fields(), sources);
   // A rank its launcher started again after a failure resumes from the
-  // run's newest checkpoint whatever `resume` says: resume=never would
-  // start over and resume=DIR go back to that checkpoint, and the failed
-  // attempt's steps would be trained again, or lost.
+  // run's newest checkpoint: resume=never would start over, and the failed
+  // attempt's steps would be lost. (resume=DIR: the Trainer prefers the
+  // run's newest checkpoint on a restart, and takes DIR where there is
+  // none yet.)
   const config::Option* resume = schema().find("resume");
-  if (const int restart = restart_count(); restart > 0 && resume != nullptr) {
+  if (const int restart = dist::restart_count();
+      restart > 0 && resume != nullptr) {
     const std::string asked = config::value_text(*resume, s->fields());
-    if (asked != "auto") {
+    if (asked == "never") {
       config::Sources again = sources;
       again.overrides.push_back("resume=auto");
       s = defaults();
@@ -78,9 +70,9 @@ std::unique_ptr<Settings> Stage::configure(
       if (rank == nullptr || std::string(rank) == "0")
         std::printf(
             "Restart %d of this run (TORCHELASTIC_RESTART_COUNT): resuming "
-            "from its newest checkpoint, resume=auto in place of resume=%s.\n",
-            restart,
-            asked.c_str());
+            "from its newest checkpoint, resume=auto in place of "
+            "resume=never.\n",
+            restart);
     }
   }
   s->stage = this;

@@ -7,6 +7,7 @@
 #include "core/memory_stats.h"
 #include "core/progress.h"
 #include "core/torch_compat.h"
+#include "dist/launch_env.h"
 #include "dist/world.h"
 #include "ops/copy_pieces.h"
 #include "ops/mean_of.h"
@@ -252,7 +253,24 @@ int64_t Trainer::resume() {
         log_("Warning: " + s);
     });
   } else if (opt_.resume != "never") {
-    ckpt = runs::load_checkpoint(opt_.resume);
+    // A restart (dist::restart_count) goes on from the failed attempt's
+    // newest checkpoint, not back to resume=DIR's.
+    if (dist::restart_count() > 0)
+      dist::leader_first("finding the newest checkpoint", [&] {
+        std::vector<std::string> skipped;
+        ckpt = runs::latest_checkpoint(
+            opt_.run_dir, &skipped, /*move_damaged_aside=*/dist::leader());
+        for (const auto& s : skipped)
+          log_("Warning: " + s);
+      });
+    if (ckpt)
+      log_(
+          "Restart " + std::to_string(dist::restart_count()) +
+          " of this run (TORCHELASTIC_RESTART_COUNT): resuming from its "
+          "newest checkpoint, not from resume=" +
+          opt_.resume + ".");
+    else
+      ckpt = runs::load_checkpoint(opt_.resume);
   }
   if (!ckpt) {
     same_weights_everywhere();

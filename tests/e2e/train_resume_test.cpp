@@ -118,6 +118,50 @@ TEST(TrainResume, SigkillAtSeveralPointsThenResumeIsBitExact) {
   }
 }
 
+// A process restarted by its launcher (TORCHELASTIC_RESTART_COUNT above 0:
+// `orchard launch --max-restarts`, torchrun's restarts) goes on from the
+// run's newest checkpoint even when its command says resume=DIR of an
+// earlier one, and ends where a run never stopped ends.
+TEST(TrainResume, ARestartedProcessGoesOnFromTheNewestCheckpoint) {
+  TinyRun t;
+  auto ref = test::run_orchard(t.args("reference"), t.env);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
+  pid_t pid = test::spawn_orchard(
+      t.args("restarted"), t.env, t.dir.file("restarted.log"));
+  const bool mid_run = wait_for_checkpoint(t.dir.file("restarted"), 16, pid);
+  ::kill(pid, SIGKILL);
+  test::wait_child(pid);
+  ASSERT_TRUE(mid_run);
+  int64_t newest = 0;
+  for (const auto& [step, dir] :
+       runs::list_checkpoints(t.dir.file("restarted")))
+    newest = std::max(newest, step);
+  auto args = t.args("restarted");
+  const std::string earlier = t.dir.file("restarted/checkpoints/step_000004");
+  args.push_back("resume=" + earlier);
+  auto env = t.env;
+  env["TORCHELASTIC_RESTART_COUNT"] = "1";
+  auto again = test::run_orchard(args, env);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(
+      again.out.find(
+          "Restart 1 of this run (TORCHELASTIC_RESTART_COUNT): "
+          "resuming from its newest checkpoint, not from resume=" +
+          earlier + "."),
+      std::string::npos)
+      << again.out;
+  char from[64];
+  std::snprintf(
+      from,
+      sizeof from,
+      "checkpoints/step_%06lld (step %lld of 40)",
+      static_cast<long long>(newest),
+      static_cast<long long>(newest));
+  EXPECT_NE(again.out.find(from), std::string::npos) << from << again.out;
+  expect_identical(
+      t.final_weights("restarted"), t.final_weights("reference"), "restarted");
+}
+
 // The same with AdamW and EMA (the default is Muon without EMA): one kill.
 TEST(TrainResume, AdamwWithEmaResumesBitExact) {
   TinyRun t;
