@@ -219,11 +219,12 @@ bool run_pipeline(const Pipeline& p, const DeviceInfo& d) {
   for (const auto& s : p.stages) {
     all_done = all_done && s.done;
     const Stage& stage = *s.settings->stage;
-    if (!s.done)
-      std::printf(
-          "\n==> Stage %s%s\n",
-          s.name.c_str(),
-          s.name == "rl" ? " (GRPO on WordNet's questions)" : "");
+    // A stage done before is read again for the pipeline's report.
+    std::printf(
+        "\n==> Stage %s%s%s\n",
+        s.name.c_str(),
+        s.name == "rl" ? " (GRPO on WordNet's questions)" : "",
+        s.done ? ": done before, read for the report" : "");
     std::fflush(stdout);
     reports.push_back(stage.train(*s.settings, d));
     // Rank 0 writes the stage's last checkpoint (after its final
