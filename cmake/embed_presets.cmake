@@ -39,11 +39,5 @@ std::optional<std::string> preset_text(const std::string& name) {
 
 } // namespace orchard::config
 ")
-# Rewrite only on change, so an unchanged preset rebuilds nothing.
-if(EXISTS "${OUT}")
-  file(READ "${OUT}" old)
-  if(old STREQUAL content)
-    return()
-  endif()
-endif()
-file(WRITE "${OUT}" "${content}")
+include(${CMAKE_CURRENT_LIST_DIR}/write_if_changed.cmake)
+write_if_changed("${OUT}" "${content}")

@@ -25,10 +25,5 @@ ${body}  };
 
 } // namespace orchard::serve
 ")
-if(EXISTS "${OUT}")
-  file(READ "${OUT}" old)
-  if(old STREQUAL content)
-    return()
-  endif()
-endif()
-file(WRITE "${OUT}" "${content}")
+include(${CMAKE_CURRENT_LIST_DIR}/write_if_changed.cmake)
+write_if_changed("${OUT}" "${content}")

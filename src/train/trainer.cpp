@@ -243,7 +243,7 @@ int64_t Trainer::resume() {
         " is how several processes average their gradients; with one "
         "process it changes nothing.");
   std::optional<runs::Checkpoint> ckpt;
-  if (opt_.resume == "auto") {
+  auto newest = [&] {
     // Rank 0 sets damaged checkpoints aside before the others look.
     dist::leader_first("finding the newest checkpoint", [&] {
       std::vector<std::string> skipped;
@@ -252,17 +252,14 @@ int64_t Trainer::resume() {
       for (const auto& s : skipped)
         log_("Warning: " + s);
     });
+  };
+  if (opt_.resume == "auto") {
+    newest();
   } else if (opt_.resume != "never") {
     // A restart (dist::restart_count) goes on from the failed attempt's
     // newest checkpoint, not back to resume=DIR's.
     if (dist::restart_count() > 0)
-      dist::leader_first("finding the newest checkpoint", [&] {
-        std::vector<std::string> skipped;
-        ckpt = runs::latest_checkpoint(
-            opt_.run_dir, &skipped, /*move_damaged_aside=*/dist::leader());
-        for (const auto& s : skipped)
-          log_("Warning: " + s);
-      });
+      newest();
     if (ckpt)
       log_(
           "Restart " + std::to_string(dist::restart_count()) +
