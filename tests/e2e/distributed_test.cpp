@@ -1020,6 +1020,61 @@ bool wait_for_checkpoint(const std::string& run, int64_t step) {
   return false;
 }
 
+// torchrun's own restarts (`--max_restarts`): its agent starts both ranks
+// again with TORCHELASTIC_RESTART_COUNT=1 under a new rendezvous prefix,
+// and they resume from the newest checkpoint although the command says
+// resume=never.
+TEST(Distributed, TorchrunRestartsResumeFromTheNewestCheckpoint) {
+  REQUIRE_GLOO();
+  if (std::system("command -v torchrun >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "torchrun is not installed (Debian: python3-torch)";
+  Corpus c;
+  std::vector<std::string> a = {
+      "torchrun",
+      "--nproc_per_node",
+      "2",
+      "--max_restarts",
+      "1",
+      "--master_port",
+      std::to_string(free_port()),
+      "--redirects",
+      "2",
+      "--tee",
+      "2",
+      "--no_python",
+      ORCHARD_BIN};
+  for (const auto& x : c.train("restarted", 300, {"save_every=20"}))
+    a.push_back(x);
+  a.push_back("resume=never");
+  std::string cmd = "cd " + test::shell_quote(c.dir.path()) + " && exec env";
+  for (const auto& [k, v] : c.env)
+    cmd += " " + k + "=" + test::shell_quote(v);
+  for (const auto& x : a)
+    cmd += " " + test::shell_quote(x);
+  const std::string log = c.dir.file("torchrun.log");
+  cmd += " > " + test::shell_quote(log) + " 2>&1";
+  const pid_t torchrun = ::fork();
+  if (torchrun == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_TRUE(wait_for_checkpoint(c.dir.file("restarted"), 40))
+      << test::read_text(log);
+  const pid_t rank = rank_under(torchrun, 1);
+  ASSERT_GT(rank, 0) << "no rank 1 under torchrun";
+  ::kill(rank, SIGKILL);
+  ASSERT_EQ(wait_child_for(torchrun, 300), 0) << test::read_text(log);
+  const std::string out = test::read_text(log);
+  EXPECT_NE(
+      out.find("Restart 1 of this run (TORCHELASTIC_RESTART_COUNT): resuming "
+               "from its newest checkpoint, resume=auto in place of "
+               "resume=never."),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Resuming from"), std::string::npos) << out;
+  EXPECT_NE(out.find("Done: step 300"), std::string::npos) << out;
+}
+
 TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   REQUIRE_GLOO();
   Corpus c;
