@@ -258,9 +258,13 @@ std::string how_it_ended(int status) {
   return "ended";
 }
 
-// The signal a rank stopped for after saving: Orchard's exit 128 + a
-// forwarded signal (not a death by it, which is WIFSIGNALED); 0 otherwise.
-int stop_signal_of(int status) {
+// The signal a rank stopped for: Orchard's exit 128 + a forwarded signal,
+// after saving; or death by `forwarded`, the signal the launcher passed on,
+// which a rank still starting (its handler not yet installed) takes as
+// any program does. 0 otherwise: a death by another signal is a failure.
+int stop_signal_of(int status, int forwarded) {
+  if (WIFSIGNALED(status))
+    return forwarded != 0 && WTERMSIG(status) == forwarded ? forwarded : 0;
   if (!WIFEXITED(status))
     return 0;
   for (int sig : kForwarded)
@@ -386,9 +390,10 @@ Attempt run_attempt(
         const int code = exit_code_of(status);
         // A rank that stopped for a signal after saving (Orchard exits
         // 128 + it, as one process would; with several processes every
-        // rank stops after the same step, signalled itself or not) has
-        // not failed, and rank 0 may still be saving.
-        if (const int sig = stop_signal_of(status)) {
+        // rank stops after the same step, signalled itself or not), or was
+        // still starting when the launcher passed one on, has not failed,
+        // and rank 0 may still be saving.
+        if (const int sig = stop_signal_of(status, a.forwarded)) {
           a.stopped_on_signal = a.stopped_on_signal ? a.stopped_on_signal : sig;
           a.result = a.result ? a.result : code;
           continue;

@@ -1075,6 +1075,34 @@ TEST(Distributed, TorchrunRestartsResumeFromTheNewestCheckpoint) {
   EXPECT_NE(out.find("Done: step 300"), std::string::npos) << out;
 }
 
+// Ctrl-C to the launcher while its ranks are still starting (before their
+// handler is installed, so SIGINT ends them as it ends any program): a
+// stop, as later in the run, not a rank's failure.
+TEST(Distributed, ACtrlCWhileTheRanksStartIsAStopNotAFailure) {
+  REQUIRE_GLOO();
+  Corpus c;
+  const std::string log = c.dir.file("early.log");
+  const pid_t launcher =
+      test::spawn_orchard(c.launch(0, c.train("early", 100000)), c.env, log);
+  bool started = false;
+  for (int i = 0; i < 300 && !started; ++i) {
+    started = rank_under(launcher, 1) > 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(started) << test::read_text(log);
+  ::kill(launcher, SIGINT);
+  EXPECT_EQ(wait_child_for(launcher, 120), 128 + SIGINT)
+      << test::read_text(log);
+  const std::string said = test::read_text(log);
+  EXPECT_NE(
+      said.find("orchard launch: stopped by SIGINT (Ctrl-C), passed on to "
+                "every rank; all 2 have exited."),
+      std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("stopping the other rank(s)"), std::string::npos) << said;
+  EXPECT_EQ(said.find("was killed by signal"), std::string::npos) << said;
+}
+
 TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
   REQUIRE_GLOO();
   Corpus c;
