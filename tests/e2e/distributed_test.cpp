@@ -315,10 +315,40 @@ TEST(Distributed, ThreeProcessesTrainWhatOneProcessTrains) {
   EXPECT_GT(max_difference(c.weights("one", 3), c.weights("two", 6)), 1e-3);
 }
 
+// A shell command that runs Debian's torchrun (two processes, `options`
+// added) on `orchard command...` in the corpus's folder with its
+// environment, its output to `log`, torchrun itself in the shell's place.
+// Debian 12's torchrun (python3-torch 1.13, installed by ./orchard.sh setup
+// for the tests) crashes with its default output flags under Python 3.11;
+// `--redirects 2 --tee 2` avoids that.
+std::string torchrun_command(
+    const Corpus& c,
+    const std::vector<std::string>& options,
+    const std::vector<std::string>& command,
+    const std::string& log) {
+  std::string cmd = "cd " + test::shell_quote(c.dir.path()) + " && exec env";
+  for (const auto& [k, v] : c.env)
+    cmd += " " + k + "=" + test::shell_quote(v);
+  std::vector<std::string> a = {
+      "torchrun",
+      "--nproc_per_node",
+      "2",
+      "--master_port",
+      std::to_string(free_port()),
+      "--redirects",
+      "2",
+      "--tee",
+      "2"};
+  a.insert(a.end(), options.begin(), options.end());
+  a.insert(a.end(), {"--no_python", ORCHARD_BIN});
+  a.insert(a.end(), command.begin(), command.end());
+  for (const auto& x : a)
+    cmd += " " + test::shell_quote(x);
+  return cmd + " > " + test::shell_quote(log) + " 2>&1";
+}
+
 // torchrun starts the binary unchanged (its agent serves the store, every
-// rank connects as a client). Debian 12's torchrun (python3-torch 1.13,
-// installed by ./orchard.sh setup for the tests) crashes with its default
-// output flags under Python 3.11; `--redirects 2 --tee 2` avoids that.
+// rank connects as a client).
 TEST(Distributed, TorchrunStartsTheBinaryUnchanged) {
   REQUIRE_GLOO();
   if (std::system("command -v torchrun >/dev/null 2>&1") != 0)
@@ -326,14 +356,8 @@ TEST(Distributed, TorchrunStartsTheBinaryUnchanged) {
   Corpus c;
   auto one = test::run_orchard(c.train("one", 4), c.env);
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  std::string cmd = "cd " + test::shell_quote(c.dir.path()) +
-      " && ORCHARD_HOME=" + test::shell_quote(c.dir.file("home")) +
-      " OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 --master_port " +
-      std::to_string(free_port()) + " --redirects 2 --tee 2 --no_python " +
-      test::shell_quote(ORCHARD_BIN);
-  for (const auto& a : c.train("two", 4))
-    cmd += " " + test::shell_quote(a);
-  cmd += " > " + test::shell_quote(c.dir.file("torchrun.log")) + " 2>&1";
+  const std::string cmd =
+      torchrun_command(c, {}, c.train("two", 4), c.dir.file("torchrun.log"));
   const int rc = std::system(cmd.c_str());
   ASSERT_EQ(rc, 0) << test::read_text(c.dir.file("torchrun.log"));
   EXPECT_LT(max_difference(c.weights("one", 4), c.weights("two", 4)), 2e-4);
@@ -1029,30 +1053,11 @@ TEST(Distributed, TorchrunRestartsResumeFromTheNewestCheckpoint) {
   if (std::system("command -v torchrun >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "torchrun is not installed (Debian: python3-torch)";
   Corpus c;
-  std::vector<std::string> a = {
-      "torchrun",
-      "--nproc_per_node",
-      "2",
-      "--max_restarts",
-      "1",
-      "--master_port",
-      std::to_string(free_port()),
-      "--redirects",
-      "2",
-      "--tee",
-      "2",
-      "--no_python",
-      ORCHARD_BIN};
-  for (const auto& x : c.train("restarted", 300, {"save_every=20"}))
-    a.push_back(x);
-  a.push_back("resume=never");
-  std::string cmd = "cd " + test::shell_quote(c.dir.path()) + " && exec env";
-  for (const auto& [k, v] : c.env)
-    cmd += " " + k + "=" + test::shell_quote(v);
-  for (const auto& x : a)
-    cmd += " " + test::shell_quote(x);
+  auto train = c.train("restarted", 300, {"save_every=20"});
+  train.push_back("resume=never");
   const std::string log = c.dir.file("torchrun.log");
-  cmd += " > " + test::shell_quote(log) + " 2>&1";
+  const std::string cmd =
+      torchrun_command(c, {"--max_restarts", "1"}, train, log);
   const pid_t torchrun = ::fork();
   if (torchrun == 0) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -1484,6 +1489,15 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
       std::string::npos)
       << r.err;
   EXPECT_EQ(r.err.find("restarting"), std::string::npos) << r.err;
+  // A count of restarts out of range: refused before any process starts.
+  r = test::run_orchard(
+      {"launch", "--max-restarts", "-1", "--", "train", "--device", "cpu"},
+      c.env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.err.find("--max-restarts: Value -1 not in range 0 to 1000"),
+      std::string::npos)
+      << r.err;
 
   // The averaging settings out of range: what is allowed, before any
   // process starts.
