@@ -106,6 +106,19 @@ struct Corpus {
   }
 };
 
+// Expects every line of `lines` somewhere in `out` (a run's output).
+void expect_said(
+    const std::string& out,
+    const std::vector<std::string>& lines) {
+  for (const auto& line : lines)
+    EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+}
+
+// What rank 0 of a restarted run says when its command had resume=never.
+const std::string kRestartResumes =
+    "Restart 1 of this run (TORCHELASTIC_RESTART_COUNT): resuming from its "
+    "newest checkpoint, resume=auto in place of resume=never.";
+
 double max_difference(
     const std::map<std::string, torch::Tensor>& a,
     const std::map<std::string, torch::Tensor>& b) {
@@ -1069,15 +1082,9 @@ TEST(Distributed, TorchrunRestartsResumeFromTheNewestCheckpoint) {
   ASSERT_GT(rank, 0) << "no rank 1 under torchrun";
   ::kill(rank, SIGKILL);
   ASSERT_EQ(wait_child_for(torchrun, 300), 0) << test::read_text(log);
-  const std::string out = test::read_text(log);
-  EXPECT_NE(
-      out.find("Restart 1 of this run (TORCHELASTIC_RESTART_COUNT): resuming "
-               "from its newest checkpoint, resume=auto in place of "
-               "resume=never."),
-      std::string::npos)
-      << out;
-  EXPECT_NE(out.find("Resuming from"), std::string::npos) << out;
-  EXPECT_NE(out.find("Done: step 300"), std::string::npos) << out;
+  expect_said(
+      test::read_text(log),
+      {kRestartResumes, "Resuming from", "Done: step 300"});
 }
 
 // Ctrl-C to the launcher while its ranks are still starting (before their
@@ -1099,11 +1106,10 @@ TEST(Distributed, ACtrlCWhileTheRanksStartIsAStopNotAFailure) {
   EXPECT_EQ(wait_child_for(launcher, 120), 128 + SIGINT)
       << test::read_text(log);
   const std::string said = test::read_text(log);
-  EXPECT_NE(
-      said.find("orchard launch: stopped by SIGINT (Ctrl-C), passed on to "
-                "every rank; all 2 have exited."),
-      std::string::npos)
-      << said;
+  expect_said(
+      said,
+      {"orchard launch: stopped by SIGINT (Ctrl-C), passed on to every rank; "
+       "all 2 have exited."});
   EXPECT_EQ(said.find("stopping the other rank(s)"), std::string::npos) << said;
   EXPECT_EQ(said.find("was killed by signal"), std::string::npos) << said;
 }
@@ -1198,16 +1204,14 @@ TEST(Distributed, KilledOrInterruptedRunsResumeExactly) {
     ASSERT_GT(rank, 0);
     ::kill(rank, SIGKILL);
     ASSERT_EQ(wait_child_for(restarting, 300), 0) << test::read_text(log);
-    const std::string out = test::read_text(log);
-    for (const char* line :
-         {"orchard launch: rank 1 was killed by signal 9",
-          "orchard launch: restarting the ranks (restart 1 of 1, "
-          "--max-restarts); they resume from the run's newest checkpoint.",
-          "Restart 1 of this run (TORCHELASTIC_RESTART_COUNT): resuming from "
-          "its newest checkpoint, resume=auto in place of resume=never.",
-          "Resuming from",
-          "orchard launch: the run finished after 1 restart(s)."})
-      EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+    expect_said(
+        test::read_text(log),
+        {"orchard launch: rank 1 was killed by signal 9",
+         "orchard launch: restarting the ranks (restart 1 of 1, "
+         "--max-restarts); they resume from the run's newest checkpoint.",
+         kRestartResumes,
+         "Resuming from",
+         "orchard launch: the run finished after 1 restart(s)."});
     auto want = c.weights("ref", steps), got = c.weights("restarted", steps);
     for (const auto& [name, t] : want)
       EXPECT_TRUE(torch::equal(t, got.at(name))) << "restarted: " << name;
@@ -1366,16 +1370,12 @@ TEST(Distributed, BothNodesRestartTheirRanksUntilTheRestartsAreUsedUp) {
   EXPECT_TRUE(node1 == 1 || node1 == 128 + SIGKILL)
       << node1 << "\n"
       << test::read_text(t.log[1]);
-  for (int node : {0, 1}) {
-    const std::string said = test::read_text(t.log[size_t(node)]);
-    for (const char* line :
-         {"orchard launch: restarting every node's ranks (restart 1 of 1, "
-          "--max-restarts)",
-          "orchard launch: not restarted: --max-restarts 1 used up."})
-      EXPECT_NE(said.find(line), std::string::npos)
-          << "node " << node << ": " << line << "\n"
-          << said;
-  }
+  for (const std::string& log : t.log)
+    expect_said(
+        test::read_text(log),
+        {"orchard launch: restarting every node's ranks (restart 1 of 1, "
+         "--max-restarts)",
+         "orchard launch: not restarted: --max-restarts 1 used up."});
   EXPECT_NE(test::read_text(t.log[0]).find("Resuming from"), std::string::npos);
   for (const auto& [step, dir] : runs::list_checkpoints(c.dir.file("restarts")))
     EXPECT_NO_THROW(runs::load_checkpoint(dir)) << dir;
