@@ -572,8 +572,15 @@ int run_launch(const Settings& s) {
         s.master_port);
     std::fflush(stdout);
   }
+  // What every node must be started with alike (the ranks' numbers and
+  // the restarts follow from it): another node's launcher compares its own
+  // with node 0's.
+  const dist::LaunchSettings alike = {
+      {"--nnodes", std::to_string(s.nnodes)},
+      {"--nproc-per-node", std::to_string(s.nproc)},
+      {"--max-restarts", std::to_string(s.max_restarts)}};
   std::unique_ptr<dist::NodeWatch> watch = dist::NodeWatch::start(
-      s.master_addr, s.master_port, s.node_rank, s.nnodes);
+      s.master_addr, s.master_port, s.node_rank, s.nnodes, alike);
 
   struct sigaction sa {};
   sa.sa_handler = on_launch_signal;

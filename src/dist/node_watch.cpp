@@ -6,6 +6,7 @@
 #include "dist/node_watch.h"
 
 #include "core/error.h"
+#include "core/version.h"
 #include "dist/c10d_group.h"
 
 #include <chrono>
@@ -33,19 +34,45 @@ double now_s() {
       .count();
 }
 
+// Seconds from the environment variable `name` (a test's shorter wait),
+// else `fallback`.
+double seconds_from(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr)
+    return fallback;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end != v && *end == '\0' && s > 0)
+    return s;
+  throw UserError(
+      std::string(name) + "=" + v + " is not a number of seconds above 0.");
+}
+
 } // namespace
 
 double node_silence_limit_s() {
-  if (const char* v = std::getenv("ORCHARD_TEST_NODE_SILENCE_S")) {
-    char* end = nullptr;
-    const double s = std::strtod(v, &end);
-    if (end != v && *end == '\0' && s > 0)
-      return s;
-    throw UserError(
-        std::string("ORCHARD_TEST_NODE_SILENCE_S=") + v +
-        " is not a number of seconds above 0.");
+  return seconds_from("ORCHARD_TEST_NODE_SILENCE_S", 60);
+}
+
+double node_join_limit_s() {
+  return seconds_from("ORCHARD_TEST_NODE_JOIN_S", 240);
+}
+
+std::string launch_differences(
+    const LaunchSettings& node0,
+    const LaunchSettings& mine,
+    int node) {
+  std::string differ;
+  for (const auto& [name, value] : mine) {
+    std::string theirs = "not set";
+    for (const auto& [name0, value0] : node0)
+      if (name0 == name)
+        theirs = value0;
+    if (theirs != value)
+      differ += (differ.empty() ? "" : "; ") + name + " is " + theirs +
+          " on node 0 but " + value + " on node " + std::to_string(node);
   }
-  return 60;
+  return differ;
 }
 
 bool node_silent_too_long(double changed_at, double now, double limit_s) {
@@ -54,13 +81,42 @@ bool node_silent_too_long(double changed_at, double now, double limit_s) {
 
 #if defined(ORCHARD_HAVE_C10D)
 
+namespace {
+
+// Settings as the store holds them: a line each, name and value apart by
+// a tab.
+std::string settings_text(const LaunchSettings& settings) {
+  std::string text;
+  for (const auto& [name, value] : settings)
+    text += name + "\t" + value + "\n";
+  return text;
+}
+
+LaunchSettings settings_of(const std::string& text) {
+  LaunchSettings settings;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t tab = line.find('\t');
+    settings.emplace_back(
+        line.substr(0, tab),
+        tab == std::string::npos ? "" : line.substr(tab + 1));
+  }
+  return settings;
+}
+
+} // namespace
+
 struct NodeWatch::Impl {
   c10::intrusive_ptr<c10d::Store> tcp;   // the connection (node 0: server)
   c10::intrusive_ptr<c10d::Store> base;  // its "orchard_launch/" keys
   c10::intrusive_ptr<c10d::Store> store; // this attempt's: "attempt_<k>/"
   std::string where;                     // addr:port
   int node = 0, nodes = 1;
-  double limit_s = 60;
+  double limit_s = 60;       // silence after which a node is gone
+  double join_limit_s = 240; // node 0: wait for another node to join
+  double started_at = 0;
+  LaunchSettings settings;   // this node's, for the missing nodes' hint
   bool reported = false;     // this node's first failure was written
   bool failure_seen = false; // the run's failure was read (or is ours)
   bool lost = false;         // a node is gone: nothing more to watch
@@ -69,6 +125,7 @@ struct NodeWatch::Impl {
   std::vector<int64_t> beats;
   std::vector<double> changed_at;
   std::vector<bool> done;
+  std::vector<bool> joined;
 
   std::string text(const std::string& key) {
     const auto v = store->get(key);
@@ -76,6 +133,15 @@ struct NodeWatch::Impl {
   }
   void put(const std::string& key, const std::string& value) {
     store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  // How node k is started: as this node, with its own number.
+  std::string launch_of(int k) const {
+    std::string said = program_name() + " launch";
+    for (const auto& [name, value] : settings)
+      said += " " + name + " " + value;
+    const size_t colon = where.rfind(':');
+    return said + " --node-rank " + std::to_string(k) + " --master-addr " +
+        where.substr(0, colon) + " --master-port " + where.substr(colon + 1);
   }
   // Node 0 watches every other node; the others watch node 0.
   bool watches(int k) const {
@@ -87,12 +153,16 @@ std::unique_ptr<NodeWatch> NodeWatch::start(
     const std::string& addr,
     int port,
     int node,
-    int nodes) {
+    int nodes,
+    const LaunchSettings& settings) {
   auto impl = std::make_unique<Impl>();
   impl->where = addr + ":" + std::to_string(port);
   impl->node = node;
   impl->nodes = nodes;
   impl->limit_s = node_silence_limit_s();
+  impl->join_limit_s = node_join_limit_s();
+  impl->started_at = now_s();
+  impl->settings = settings;
   c10d::TCPStoreOptions o;
   o.port = uint16_t(port);
   o.isServer = node == 0;
@@ -124,9 +194,56 @@ std::unique_ptr<NodeWatch> NodeWatch::start(
       c10::make_intrusive<c10d::PrefixStore>("orchard_launch", impl->tcp);
   impl->beats.assign(size_t(nodes), -1);
   impl->changed_at.assign(size_t(nodes), now_s());
+  impl->joined.assign(size_t(nodes), false);
   auto watch = std::unique_ptr<NodeWatch>(new NodeWatch(std::move(impl)));
   watch->start_attempt(0);
+  watch->join(settings);
   return watch;
+}
+
+void NodeWatch::join(const LaunchSettings& settings) {
+  Impl& w = *impl_;
+  const std::string n = std::to_string(w.node);
+  std::string node0;
+  try {
+    if (w.base->add("joined/" + n, 1) > 1)
+      throw UserError(
+          "orchard launch --node-rank " + n + ": node " + n +
+          " has already joined the rendezvous at " + w.where +
+          ". Give each node its own --node-rank, 0 to " +
+          std::to_string(w.nodes - 1) + "; or, if node " + n +
+          "'s earlier launch stopped, start every node's `orchard launch` "
+          "again.");
+    if (w.node == 0) {
+      const std::string text = settings_text(settings);
+      w.base->set("settings", std::vector<uint8_t>(text.begin(), text.end()));
+      return;
+    }
+    const auto v = w.base->get("settings");
+    node0.assign(v.begin(), v.end());
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) { // the store's connection broke
+    throw UserError(
+        "orchard launch (node " + n + ") lost node 0's rendezvous at " +
+        w.where + " while joining (" + detail::why_of(e) +
+        "): start node 0's `orchard launch` again, then this one.");
+  }
+  const std::string differ =
+      launch_differences(settings_of(node0), settings, w.node);
+  if (differ.empty())
+    return;
+  // Ranks numbered from other counts would never meet: every node stops.
+  const std::string why = "node " + n +
+      "'s orchard launch was started with other settings than node 0's: " +
+      differ;
+  report_failure(why, kExitUsage);
+  finished(kExitUsage);
+  throw UserError(
+      why +
+      ". Start every node's `orchard launch` with the same --nnodes, "
+      "--nproc-per-node and --max-restarts (its ranks were not "
+      "started; node 0's are stopped).");
 }
 
 void NodeWatch::start_attempt(int attempt) {
@@ -195,6 +312,17 @@ NodeNews NodeWatch::look() {
       if (!w.watches(k) || w.done[i])
         continue;
       const std::string n = std::to_string(k);
+      if (!w.joined[i] && !(w.joined[i] = w.base->check({"joined/" + n}))) {
+        if (now - w.started_at <= w.join_limit_s)
+          continue;
+        std::ostringstream why;
+        why << "node " << k << "'s launcher has not joined the rendezvous at "
+            << w.where << " within " << w.join_limit_s << " s: start `"
+            << w.launch_of(k) << " -- ...` there, the same command after `--`";
+        news.lost = why.str();
+        w.lost = true;
+        break;
+      }
       if (w.store->check({"done/" + n})) {
         w.done[i] = true;
         continue;
@@ -263,7 +391,12 @@ bool NodeWatch::others_finished() {
 
 struct NodeWatch::Impl {};
 
-std::unique_ptr<NodeWatch> NodeWatch::start(const std::string&, int, int, int) {
+std::unique_ptr<NodeWatch> NodeWatch::start(
+    const std::string&,
+    int,
+    int,
+    int,
+    const LaunchSettings&) {
   return nullptr;
 }
 NodeWatch::NodeWatch(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -283,6 +416,7 @@ int NodeWatch::first_failure_code() {
   return 0;
 }
 void NodeWatch::start_attempt(int) {}
+void NodeWatch::join(const LaunchSettings&) {}
 
 #endif
 

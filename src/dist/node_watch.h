@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orchard::dist {
@@ -36,6 +37,23 @@ struct NodeNews {
 // ORCHARD_TEST_NODE_SILENCE_S (the tests' shorter wait).
 double node_silence_limit_s();
 
+// Seconds node 0's launcher waits for another node's launcher to join:
+// 240, within the 300 s its ranks wait at the rendezvous, so that it is
+// the launcher that says which node is missing; or ORCHARD_TEST_NODE_JOIN_S.
+double node_join_limit_s();
+
+// What every node's launcher must be started with alike, each a setting
+// and its value ({"--nnodes", "2"}, {"--nproc-per-node", "4"}, ...): the
+// ranks' numbers and restarts follow from them. Node 0's are the run's.
+using LaunchSettings = std::vector<std::pair<std::string, std::string>>;
+
+// "" where `mine` (node `node`'s) are node 0's, else each difference:
+// "--nproc-per-node is 2 on node 0 but 1 on node 1".
+std::string launch_differences(
+    const LaunchSettings& node0,
+    const LaunchSettings& mine,
+    int node);
+
 // Whether a node whose heartbeat count was last seen to change at
 // `changed_at` (seconds, any clock) and which has not said it finished is
 // gone at `now`.
@@ -47,11 +65,15 @@ class NodeWatch {
   // it is taken); the other nodes connect to addr:port, waiting for node 0
   // as long as the ranks wait at a rendezvous. nullptr where this build
   // has no c10d (the ranks then refuse several processes themselves).
+  // A UserError (exit 2) for a second launcher as the same node, and for
+  // a node whose `settings` differ from node 0's, which also stops the
+  // run on every node (reported as a failure with code 2).
   static std::unique_ptr<NodeWatch> start(
       const std::string& addr,
       int port,
       int node,
-      int nodes);
+      int nodes,
+      const LaunchSettings& settings = {});
   ~NodeWatch();
   NodeWatch(const NodeWatch&) = delete;
   NodeWatch& operator=(const NodeWatch&) = delete;
@@ -60,7 +82,8 @@ class NodeWatch {
   // code 1") for the other nodes. The first report of the run stands.
   void report_failure(const std::string& what, int code);
   // Beats, and reads what is new elsewhere (about once a second). A
-  // failure or a loss is returned once.
+  // failure or a loss is returned once. Node 0 also takes a node that has
+  // not joined within node_join_limit_s() for lost.
   NodeNews look();
   // Each other node's first failed rank, as its launcher reported it (a
   // failure here may be only the echo of one there: a collective that
@@ -83,6 +106,7 @@ class NodeWatch {
  private:
   struct Impl;
   explicit NodeWatch(std::unique_ptr<Impl> impl);
+  void join(const LaunchSettings& settings);
   std::unique_ptr<Impl> impl_;
 };
 

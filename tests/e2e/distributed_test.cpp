@@ -1630,6 +1630,62 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
         std::string::npos)
         << said;
 
+  // Two nodes' launchers started with other counts (ranks numbered from
+  // them would never meet): node 1's launcher refuses before starting its
+  // ranks, and node 0's stops its own, both with exit 2, naming the
+  // setting and both values.
+  const std::string port2 = std::to_string(free_port());
+  auto counts = [&](int r, const std::string& nproc) {
+    std::vector<std::string> a = {
+        "launch",
+        "--nnodes=2",
+        "--node-rank=" + std::to_string(r),
+        "--nproc-per-node=" + nproc,
+        "--master-addr=127.0.0.1",
+        "--master-port=" + port2,
+        "--"};
+    for (const auto& x : c.train("unlike", 1))
+      a.push_back(x);
+    return a;
+  };
+  pid_t unlike0 =
+      test::spawn_orchard(counts(0, "1"), c.env, c.dir.file("u0.log"));
+  r = test::run_orchard(counts(1, "2"), c.env);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(test::wait_child(unlike0), 2)
+      << test::read_text(c.dir.file("u0.log"));
+  const std::string unlike =
+      "node 1's orchard launch was started with other settings than node "
+      "0's: --nproc-per-node is 1 on node 0 but 2 on node 1";
+  expect_said(r.err, {"error: " + unlike + ". Start every node's"});
+  expect_said(
+      test::read_text(c.dir.file("u0.log")),
+      {"orchard launch: " + unlike + "; stopping this node's rank(s)."});
+
+  // A node whose launcher never joins: node 0's launcher says which, and
+  // how to start it, rather than its ranks timing out at the rendezvous.
+  auto alone_env = c.env;
+  alone_env["ORCHARD_TEST_NODE_JOIN_S"] = "2";
+  const std::string port3 = std::to_string(free_port());
+  std::vector<std::string> alone = {
+      "launch",
+      "--nnodes=2",
+      "--master-addr=127.0.0.1",
+      "--master-port=" + port3,
+      "--"};
+  for (const auto& x : c.train("alone", 1))
+    alone.push_back(x);
+  r = test::run_orchard(alone, alone_env);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  expect_said(
+      r.err,
+      {"orchard launch: node 1's launcher has not joined the rendezvous at "
+       "127.0.0.1:" +
+           port3 + " within 2 s: start `",
+       " launch --nnodes 2 --nproc-per-node 1 --max-restarts 0 --node-rank 1 "
+       "--master-addr 127.0.0.1 --master-port " +
+           port3 + " -- ...` there"});
+
   // An option launch does not have (or the command's, put before it).
   r = test::run_orchard(
       {"launch", "--nproc-per-node", "2", "--device", "cpu", "train"}, c.env);

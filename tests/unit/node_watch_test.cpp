@@ -44,13 +44,19 @@ struct TwoWatches {
       node0 ? NodeWatch::start("127.0.0.1", port, 1, 2) : nullptr;
 };
 
-struct SilenceLimit {
-  explicit SilenceLimit(const char* s) {
-    ::setenv("ORCHARD_TEST_NODE_SILENCE_S", s, 1);
+// One of the tests' shorter waits, for the test's length.
+struct ShortWait {
+  const char* name;
+  ShortWait(const char* variable, const char* s) : name(variable) {
+    ::setenv(name, s, 1);
   }
-  ~SilenceLimit() {
-    ::unsetenv("ORCHARD_TEST_NODE_SILENCE_S");
+  ~ShortWait() {
+    ::unsetenv(name);
   }
+};
+struct SilenceLimit : ShortWait {
+  explicit SilenceLimit(const char* s)
+      : ShortWait("ORCHARD_TEST_NODE_SILENCE_S", s) {}
 };
 
 TEST(NodeWatch, AFailureOnOneNodeIsReadOnceByTheOther) {
@@ -181,6 +187,117 @@ TEST(NodeWatch, ATakenPortAndABadSilenceLimitAreRefused) {
   }
   SilenceLimit limit("soon");
   EXPECT_THROW(node_silence_limit_s(), UserError);
+}
+
+TEST(NodeWatch, LaunchDifferencesNameEachSettingAndBothValues) {
+  const LaunchSettings node0 = {
+      {"--nnodes", "2"}, {"--nproc-per-node", "4"}, {"--max-restarts", "0"}};
+  EXPECT_EQ(launch_differences(node0, node0, 1), "");
+  EXPECT_EQ(
+      launch_differences(
+          node0,
+          {{"--nnodes", "3"},
+           {"--nproc-per-node", "4"},
+           {"--max-restarts", "2"}},
+          2),
+      "--nnodes is 2 on node 0 but 3 on node 2; --max-restarts is 0 on node "
+      "0 but 2 on node 2");
+  EXPECT_EQ(
+      launch_differences({}, {{"--nnodes", "2"}}, 1),
+      "--nnodes is not set on node 0 but 2 on node 1");
+}
+
+// A node started with other counts than node 0's is refused (exit 2), and
+// node 0 reads it as the run's failure with code 2, so it stops its ranks
+// and does not restart them; a second launcher as the same node is
+// refused without disturbing the first.
+TEST(NodeWatch, NodesLaunchedUnlikeOrTwiceAreRefused) {
+  const int port = free_port();
+  const LaunchSettings two = {
+      {"--nnodes", "2"}, {"--nproc-per-node", "2"}, {"--max-restarts", "0"}};
+  auto node0 = NodeWatch::start("127.0.0.1", port, 0, 2, two);
+  if (!node0)
+    GTEST_SKIP() << "this build has no c10d";
+  LaunchSettings one = two;
+  one[1].second = "1";
+  try {
+    NodeWatch::start("127.0.0.1", port, 1, 2, one);
+    ADD_FAILURE() << "node 1 with another --nproc-per-node";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "node 1's orchard launch was started with other settings than "
+            "node 0's: --nproc-per-node is 2 on node 0 but 1 on node 1. "
+            "Start every node's `orchard launch` with the same --nnodes, "
+            "--nproc-per-node and --max-restarts"),
+        std::string::npos)
+        << e.what();
+  }
+  const NodeNews news = node0->look();
+  EXPECT_NE(
+      news.failure.find("--nproc-per-node is 2 on node 0 but 1 on node 1"),
+      std::string::npos)
+      << news.failure;
+  EXPECT_EQ(news.failure_code, 2);
+  EXPECT_EQ(node0->first_failure_code(), 2);
+  node0->look();
+  EXPECT_TRUE(node0->others_finished()) << "the refused node said it ended";
+
+  // Two launchers as node 1 of another run: the second is refused.
+  const int port2 = free_port();
+  auto other0 = NodeWatch::start("127.0.0.1", port2, 0, 2, two);
+  auto other1 = NodeWatch::start("127.0.0.1", port2, 1, 2, two);
+  try {
+    NodeWatch::start("127.0.0.1", port2, 1, 2, two);
+    ADD_FAILURE() << "a second node 1";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "orchard launch --node-rank 1: node 1 has already joined the "
+            "rendezvous at 127.0.0.1:" +
+            std::to_string(port2) + ". Give each node its own --node-rank"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(other0->look().failure.empty()) << "the run goes on";
+  EXPECT_TRUE(other0->look().lost.empty());
+}
+
+// Node 0 takes a node whose launcher never joined for lost once the join
+// limit has passed, and says how to start it; a node that joined late but
+// within the limit is not.
+TEST(NodeWatch, ANodeThatNeverJoinsIsNamedWithItsCommand) {
+  ShortWait join("ORCHARD_TEST_NODE_JOIN_S", "0.5");
+  const int port = free_port();
+  const LaunchSettings three = {
+      {"--nnodes", "3"}, {"--nproc-per-node", "1"}, {"--max-restarts", "0"}};
+  auto node0 = NodeWatch::start("127.0.0.1", port, 0, 3, three);
+  if (!node0)
+    GTEST_SKIP() << "this build has no c10d";
+  EXPECT_TRUE(node0->look().lost.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto node2 = NodeWatch::start("127.0.0.1", port, 2, 3, three);
+  node2->look();
+  EXPECT_TRUE(node0->look().lost.empty()) << "within the limit";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  node2->look();
+  const NodeNews news = node0->look();
+  EXPECT_NE(
+      news.lost.find(
+          "node 1's launcher has not joined the rendezvous at 127.0.0.1:" +
+          std::to_string(port) + " within 0.5 s: start `"),
+      std::string::npos)
+      << news.lost;
+  EXPECT_NE(
+      news.lost.find(
+          " launch --nnodes 3 --nproc-per-node 1 --max-restarts 0 --node-rank "
+          "1 --master-addr 127.0.0.1 --master-port " +
+          std::to_string(port) + " -- ...` there"),
+      std::string::npos)
+      << news.lost;
+  EXPECT_TRUE(node0->others_finished()) << "a missing node is not waited for";
 }
 
 TEST(StopSignal, RanksAgreeOnTheSignalTheyWereSent) {
