@@ -225,9 +225,12 @@ void NodeWatch::join(const LaunchSettings& settings) {
     throw;
   } catch (const std::exception& e) { // the store's connection broke
     throw UserError(
-        "orchard launch (node " + n + ") lost node 0's rendezvous at " +
-        w.where + " while joining (" + detail::why_of(e) +
-        "): start node 0's `orchard launch` again, then this one.");
+        "orchard launch (node " + n +
+        ") could not read node 0's launch settings at " + w.where + " (" +
+        detail::why_of(e) +
+        "): node 0's `orchard launch` stopped, or it is another Orchard "
+        "build (compare `orchard --version` on the nodes). Start node 0's "
+        "launch again, then this one.");
   }
   const std::string differ =
       launch_differences(settings_of(node0), settings, w.node);
