@@ -4,6 +4,14 @@
 # the Debian packages ../shared/device/fetch-debs.sh put in .device-debs
 # (carried): fetch-debs.sh libssl-dev zlib1g-dev libbrotli-dev libedit-dev
 # libedit2 wamerican. Sets EXTRA_PREFIX for CMAKE_PREFIX_PATH.
+# The machine's copy of the tree has no history of its own: the commit the
+# builds there name (`orchard --version`, reports) is read from
+# .device-debs/commit, written here before the run by
+#   sed -n 's/.*"\(.*\)"/\1/p' build/generated/git_commit.h > .device-debs/commit
+if [ -s .device-debs/commit ]; then
+  ORCHARD_GIT_COMMIT=$(cat .device-debs/commit)
+  export ORCHARD_GIT_COMMIT
+fi
 if ls .device-debs/*.deb >/dev/null 2>&1; then
   D=$(mktemp -d); for f in .device-debs/*.deb; do dpkg -x "$f" "$D"; done
   export PKG_CONFIG_PATH=$D/usr/lib/x86_64-linux-gnu/pkgconfig
