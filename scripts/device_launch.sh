@@ -13,7 +13,11 @@
 #   3. `--nproc-per-node 2` on the one GPU: the same refusal;
 #   4. `--max-restarts 1`, the rank killed (SIGKILL) mid-run with
 #      resume=never in its command: the launcher starts it again, it
-#      resumes from the newest checkpoint on the GPU and finishes (exit 0).
+#      resumes from the newest checkpoint on the GPU and finishes (exit 0);
+#   5. two nodes whose launchers were given other --nproc-per-node (gpu
+#      on node 0, 2 on node 1): both stop before any rank trains, exit 2,
+#      naming the setting and both values.
+# Then, with UNIT_ALL=1, every unit test on CUDA.
 # SKIP_BUILD=1 reuses a build a previous call left on the still-warm
 # machine.
 set -uo pipefail
@@ -68,3 +72,20 @@ kill -9 $R
 wait $L
 echo "   launcher exit $? (want 0)"
 grep -E "^orchard launch|^Restart|^Resuming|^Done|error" $W/restart.log | cut -c1-300 | head -12
+
+# 5. Two nodes launched unlike.
+$O launch --nnodes 2 --node-rank 0 --nproc-per-node gpu --master-addr 127.0.0.1 --master-port 29572 -- $RUN \
+  run_dir=$W/unlike > $W/unlike0.log 2>&1 &
+N0=$!
+sleep 1
+timeout 120 $O launch --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29572 -- $RUN \
+  run_dir=$W/unlike > $W/unlike1.log 2>&1
+echo "5. unlike nodes: node 1 exit $? (want 2)"
+wait $N0
+echo "   node 0 exit $? (want 2)"
+for n in 0 1; do grep -E "^orchard launch|error" $W/unlike$n.log | cut -c1-300 | head -4; done
+
+if [ "${UNIT_ALL:-0}" = 1 ]; then
+  echo "--- every unit test on CUDA"
+  timeout ${UNIT_LIMIT_S:-300} ./build-cuda/orchard_unit_tests 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|tests? ran" | tail -30
+fi
