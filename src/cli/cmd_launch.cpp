@@ -550,6 +550,8 @@ int run_launch(const Settings& s) {
         "--nnodes " + std::to_string(s.nnodes) +
         " needs --master-addr: the "
         "host name or address of node 0, the same on every node.");
+  // A mistyped host fails here, not after the rendezvous's 300 s.
+  dist::check_host_resolves(s.master_addr, "--master-addr");
   const std::string exe = self_path();
   if (!s.nproc_why.empty())
     std::printf("orchard launch: %s.\n", s.nproc_why.c_str());

@@ -2,7 +2,14 @@
 
 #include "core/error.h"
 
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <netdb.h>
+#include <sys/socket.h>
 #include <map>
 
 namespace orchard::dist {
@@ -211,6 +218,35 @@ std::string LaunchEnv::describe() const {
       std::to_string(local_world) + ", node " + std::to_string(node_rank) +
       "), rendezvous at " + master_addr + ":" + std::to_string(master_port) +
       (agent_store ? " (served by the launcher)" : "");
+}
+
+void check_host_resolves(
+    const std::string& host,
+    const std::string& given_as,
+    int retry_s) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int failed = 0;
+  for (int tries = 0;; ++tries) {
+    addrinfo* found = nullptr;
+    failed = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+    if (failed == 0) {
+      ::freeaddrinfo(found);
+      return;
+    }
+    if (failed != EAI_AGAIN || tries >= retry_s)
+      break;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  const std::string why =
+      failed == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(failed);
+  throw UserError(
+      given_as + " " + host + ": this machine cannot resolve that host name (" +
+      why +
+      "). Name the host of node 0 (where rank 0 runs) as this machine knows "
+      "it, or give its IP address; `getent hosts " +
+      host + "` shows what this machine resolves.");
 }
 
 } // namespace orchard::dist

@@ -78,6 +78,16 @@ ProcessCount processes_per_node(const std::string& value, int cuda_gpus);
 std::optional<std::pair<int, int>> first_shared_gpu(
     const std::vector<std::string>& gpu_of_rank);
 
+// Refuses (UserError, exit 2) a rendezvous host this machine cannot
+// resolve, a mistyped `--master-addr h0` say, which c10d would otherwise
+// retry for its whole rendezvous timeout, a warning a second. `given_as`
+// names where it came from ("--master-addr", "MASTER_ADDR"). A temporary
+// failure of the resolver is retried for up to `retry_s` seconds first.
+void check_host_resolves(
+    const std::string& host,
+    const std::string& given_as,
+    int retry_s = 10);
+
 // Which restart of the run this process is (TORCHELASTIC_RESTART_COUNT, set
 // by `orchard launch --max-restarts` and by torchrun's restarts; 0 when
 // unset or not a number). A restarted process resumes from the run's newest

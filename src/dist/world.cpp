@@ -99,6 +99,7 @@ void on_flat(const std::vector<torch::Tensor>& bucket, Op&& op) {
 }
 
 c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env) {
+  check_host_resolves(env.master_addr, "MASTER_ADDR");
   c10d::TCPStoreOptions o;
   o.port = uint16_t(env.master_port);
   o.isServer = env.rank == 0 && !env.agent_store;

@@ -1470,6 +1470,29 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_NE(r.err.find("MASTER_ADDR is not set"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("orchard launch"), std::string::npos) << r.err;
 
+  // A rendezvous host this machine cannot resolve (".invalid" never is):
+  // refused at once, by a rank and by the launcher, rather than retried
+  // for the rendezvous's 300 s with a warning a second.
+  const std::string cannot =
+      " nosuchhost.invalid: this machine cannot resolve that host name (";
+  r = test::run_orchard(
+      c.train("x", 1),
+      {{"ORCHARD_HOME", c.dir.file("home")},
+       {"WORLD_SIZE", "2"},
+       {"RANK", "1"},
+       {"MASTER_ADDR", "nosuchhost.invalid"},
+       {"MASTER_PORT", "29555"}});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_said(r.err, {"error: MASTER_ADDR" + cannot, "`getent hosts"});
+  auto unknown_host = c.launch(free_port(), c.train("x", 1));
+  unknown_host.insert(
+      unknown_host.begin() + 1,
+      {"--nnodes=2", "--node-rank=1", "--master-addr=nosuchhost.invalid"});
+  r = test::run_orchard(unknown_host, c.env);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_said(r.err, {"error: --master-addr" + cannot});
+  EXPECT_EQ(r.err.find("[c10d]"), std::string::npos) << r.err;
+
   // A batch two processes cannot split: 192 = 2 x 32 x 3.
   r = test::run_orchard(
       c.launch(free_port(), c.train("x", 1, {"total_batch_size=192"})), c.env);
