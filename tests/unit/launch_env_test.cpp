@@ -233,5 +233,27 @@ TEST(LaunchEnv, ProcessesOnOneNodeShareTheCores) {
   configure_cpu_threads(test::env_of({{"OMP_NUM_THREADS", "1"}}));
 }
 
+// A rendezvous host is resolved before c10d is asked to reach it: an
+// address and this machine's own name pass, a name no resolver knows
+// (".invalid", RFC 2606) is refused with exit 2, naming where it came from.
+TEST(LaunchEnv, AnUnresolvableRendezvousHostIsRefused) {
+  EXPECT_NO_THROW(dist::check_host_resolves("127.0.0.1", "MASTER_ADDR"));
+  EXPECT_NO_THROW(dist::check_host_resolves("::1", "MASTER_ADDR"));
+  EXPECT_NO_THROW(dist::check_host_resolves("localhost", "MASTER_ADDR"));
+  try {
+    dist::check_host_resolves("h0.invalid", "--master-addr", 2);
+    ADD_FAILURE() << "h0.invalid resolved";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_EQ(
+        std::string(e.what()).rfind(
+            "--master-addr h0.invalid: this machine cannot resolve that host "
+            "name (",
+            0),
+        0u)
+        << e.what();
+  }
+}
+
 } // namespace
 } // namespace orchard
