@@ -6,11 +6,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include <netdb.h>
 #include <sys/socket.h>
-#include <map>
 
 namespace orchard::dist {
 namespace {

@@ -12,7 +12,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -66,8 +65,7 @@ std::unique_ptr<Settings> Stage::configure(
       again.overrides.push_back("resume=auto");
       s = defaults();
       s->origins = config::resolve(schema(), s->fields(), again);
-      const char* rank = std::getenv("RANK");
-      if (rank == nullptr || std::string(rank) == "0")
+      if (dist::read_launch_env().rank == 0)
         std::printf(
             "Restart %d of this run (TORCHELASTIC_RESTART_COUNT): resuming "
             "from its newest checkpoint, resume=auto in place of "

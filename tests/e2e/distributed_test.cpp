@@ -98,6 +98,24 @@ struct Corpus {
     a.insert(a.end(), command.begin(), command.end());
     return a;
   }
+  // Node `node` of two on this host (`orchard launch --nnodes=2`), node
+  // 0's rendezvous at 127.0.0.1:port; `options` go before the `--`.
+  static std::vector<std::string> node_launch(
+      int node,
+      int port,
+      const std::vector<std::string>& command,
+      const std::vector<std::string>& options = {}) {
+    std::vector<std::string> a = {
+        "launch",
+        "--nnodes=2",
+        "--node-rank=" + std::to_string(node),
+        "--master-addr=127.0.0.1",
+        "--master-port=" + std::to_string(port)};
+    a.insert(a.end(), options.begin(), options.end());
+    a.push_back("--");
+    a.insert(a.end(), command.begin(), command.end());
+    return a;
+  }
   std::map<std::string, torch::Tensor> weights(const std::string& run, int step)
       const {
     char name[64];
@@ -1230,22 +1248,18 @@ TwoNodes start_two_nodes(
     const std::string& run,
     const std::map<std::string, std::string>& env,
     const std::vector<std::string>& launch_options = {}) {
-  const std::string port = std::to_string(free_port());
+  const int port = free_port();
   TwoNodes t;
   for (int r : {1, 0}) {
-    std::vector<std::string> a = {
-        "launch",
-        "--nnodes=2",
-        "--node-rank=" + std::to_string(r),
-        "--master-addr=127.0.0.1",
-        "--master-port=" + port};
-    a.insert(a.end(), launch_options.begin(), launch_options.end());
-    a.push_back("--");
-    for (const auto& x :
-         c.train(run, 100000, {"save_every=20", "device_batch_size=4"}))
-      a.push_back(x);
     t.log[r] = c.dir.file(run + "-node" + std::to_string(r) + ".log");
-    t.node[r] = test::spawn_orchard(a, env, t.log[r]);
+    t.node[r] = test::spawn_orchard(
+        Corpus::node_launch(
+            r,
+            port,
+            c.train(run, 100000, {"save_every=20", "device_batch_size=4"}),
+            launch_options),
+        env,
+        t.log[r]);
   }
   bool mid_run = false;
   for (int i = 0; i < 6000 && !mid_run; ++i) {
@@ -1628,18 +1642,10 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   // Two nodes started with different settings: refused by both ranks,
   // naming the key and each rank's value (left alone, Gloo aborted in the
   // first all-reduce of differently sized buckets).
-  const std::string port = std::to_string(free_port());
+  const int port = free_port();
   auto node = [&](int r, const std::string& depth) {
-    std::vector<std::string> a = {
-        "launch",
-        "--nnodes=2",
-        "--node-rank=" + std::to_string(r),
-        "--master-addr=127.0.0.1",
-        "--master-port=" + port,
-        "--"};
-    for (const auto& x : c.train("mixed", 1, {"depth=" + depth}))
-      a.push_back(x);
-    return a;
+    return Corpus::node_launch(
+        r, port, c.train("mixed", 1, {"depth=" + depth}));
   };
   pid_t node1 = test::spawn_orchard(node(1, "2"), c.env, c.dir.file("n1.log"));
   r = test::run_orchard(node(0, "1"), c.env);
@@ -1657,19 +1663,10 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   // them would never meet): node 1's launcher refuses before starting its
   // ranks, and node 0's stops its own, both with exit 2, naming the
   // setting and both values.
-  const std::string port2 = std::to_string(free_port());
+  const int port2 = free_port();
   auto counts = [&](int r, const std::string& nproc) {
-    std::vector<std::string> a = {
-        "launch",
-        "--nnodes=2",
-        "--node-rank=" + std::to_string(r),
-        "--nproc-per-node=" + nproc,
-        "--master-addr=127.0.0.1",
-        "--master-port=" + port2,
-        "--"};
-    for (const auto& x : c.train("unlike", 1))
-      a.push_back(x);
-    return a;
+    return Corpus::node_launch(
+        r, port2, c.train("unlike", 1), {"--nproc-per-node=" + nproc});
   };
   pid_t unlike0 =
       test::spawn_orchard(counts(0, "1"), c.env, c.dir.file("u0.log"));
@@ -1689,25 +1686,18 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   // how to start it, rather than its ranks timing out at the rendezvous.
   auto alone_env = c.env;
   alone_env["ORCHARD_TEST_NODE_JOIN_S"] = "2";
-  const std::string port3 = std::to_string(free_port());
-  std::vector<std::string> alone = {
-      "launch",
-      "--nnodes=2",
-      "--master-addr=127.0.0.1",
-      "--master-port=" + port3,
-      "--"};
-  for (const auto& x : c.train("alone", 1))
-    alone.push_back(x);
-  r = test::run_orchard(alone, alone_env);
+  const int port3 = free_port();
+  r = test::run_orchard(
+      Corpus::node_launch(0, port3, c.train("alone", 1)), alone_env);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   expect_said(
       r.err,
       {"orchard launch: node 1's launcher has not joined the rendezvous at "
        "127.0.0.1:" +
-           port3 + " within 2 s: start `",
+           std::to_string(port3) + " within 2 s: start `",
        " launch --nnodes 2 --nproc-per-node 1 --max-restarts 0 --node-rank 1 "
        "--master-addr 127.0.0.1 --master-port " +
-           port3 + " -- ...` there"});
+           std::to_string(port3) + " -- ...` there"});
 
   // An option launch does not have (or the command's, put before it).
   r = test::run_orchard(
