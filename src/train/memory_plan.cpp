@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/torch_compat.h"
 #include "ops/linear_cross_entropy.h"
 
 #include <algorithm>
@@ -89,6 +90,15 @@ PlanModel plan_model_of(const models::GptConfig& c) {
   m.matrix_params = c.n_layer * (2 * C * C + 2 * kv * C + 8 * C * C);
   m.params = m.matrix_params + 2 * c.vocab_size * C; // + wte + lm_head
   return m;
+}
+
+bool attention_keeps_no_scores(c10::DeviceType device) {
+  // On the CPU, libtorch 2.x's SDPA would keep none either, but the CPU's
+  // fit is Debian's 1.13 (explicit attention) and 2.11's CPU has not been
+  // refitted: there one step (d4, 8 x 256 tokens, 16 threads) used 316 MB
+  // against 194 MB predicted without the term (bench/RESULTS.md,
+  // 2026-12-01). The term keeps the prediction on the safe side.
+  return device == c10::DeviceType::CUDA && compat::has_fused_attention();
 }
 
 bool copy_engines_may_average(

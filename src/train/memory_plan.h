@@ -68,15 +68,24 @@ struct PlanModel {
 };
 PlanModel plan_model_of(const models::GptConfig& c);
 
+// Whether a training step's attention on `device` keeps no scores for the
+// backward, as the coefficients for that device were measured: CUDA's
+// fused attention (libtorch 2.x). MPS trains through PyTorch's math SDPA,
+// which keeps them (its backward is the math path's), and the CPU's
+// coefficients come from explicit attention: both keep the per-key term.
+bool attention_keeps_no_scores(c10::DeviceType device);
+
 struct PlanSettings {
   int64_t seq_len = 256;
   c10::ScalarType compute = c10::ScalarType::Float;
   bool muon = true;
   bool gradient_checkpointing = false;
   c10::DeviceType device = c10::DeviceType::CPU;
-  bool fused_attention = false; // SDPA (libtorch 2.x)
-  int processes = 1;             // data-parallel ranks (dist::size())
-  bool shard_optimizer = false;  // zero_stage=1: 1/processes of the state
+  // The attention keeps no scores for the backward (no per-key term):
+  // attention_keeps_no_scores(device).
+  bool fused_attention = false;
+  int processes = 1;            // data-parallel ranks (dist::size())
+  bool shard_optimizer = false; // zero_stage=1: 1/processes of the state
   // grad_reduce_dtype=bfloat16 on CUDA: the buckets again in bfloat16.
   bool reduce_in_bfloat16 = false;
   // Where the GPUs' copy engines average the buckets (dist's

@@ -96,6 +96,29 @@ TEST(MemoryPlan, ChoicesOnSimulatedMacsAreMonotoneAndFit) {
   EXPECT_GT(previous, 1); // 128 GB takes more than one sequence at a time
 }
 
+// The same tokens in longer sequences cost more activations where the
+// attention keeps its scores for the backward (a term per key): on MPS
+// (PyTorch's math SDPA) and the CPU (fitted on explicit attention) on
+// every libtorch; not on CUDA, whose fit (libtorch 2.11, fused attention)
+// has no such term.
+TEST(MemoryPlan, MpsAndCpuPlansCountTheAttentionScores) {
+  const PlanModel pm = plan_model_of(gpt(12, 50304));
+  for (auto device :
+       {c10::DeviceType::CPU, c10::DeviceType::MPS, c10::DeviceType::CUDA}) {
+    PlanSettings s;
+    s.device = device;
+    s.fused_attention = attention_keeps_no_scores(device);
+    s.seq_len = 1024;
+    const double short_rows = estimate_memory(pm, s, 2, 1).activations;
+    s.seq_len = 2048;
+    const double long_rows = estimate_memory(pm, s, 1, 1).activations;
+    if (device != c10::DeviceType::CUDA)
+      EXPECT_GT(long_rows, short_rows * 1.2) << c10::DeviceTypeName(device);
+    else
+      EXPECT_DOUBLE_EQ(long_rows, short_rows) << c10::DeviceTypeName(device);
+  }
+}
+
 TEST(MemoryPlan, CheckpointingCutsActivationsAndIsChosenWhenNeeded) {
   PlanModel pm = plan_model_of(gpt(12, 50304));
   PlanSettings s;
@@ -137,13 +160,12 @@ TEST(MemoryPlan, BudgetPerDevice) {
   EXPECT_EQ(memory_budget(cpu, 0.5).bytes, cpu.free_memory / 2);
 }
 
-
 // Fine-tuning with several processes: each rank plans the gradient
 // averager's buckets beside its gradients and, with zero_stage=1, its share
 // of AdamW's moments (full fine-tuning of the fixture Llama, float32).
 TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
-  const auto mc = models::read_hf_config(
-      std::string(ORCHARD_FIXTURES) + "/hf/llama");
+  const auto mc =
+      models::read_hf_config(std::string(ORCHARD_FIXTURES) + "/hf/llama");
   FinetuneConfig cfg;
   cfg.stage = "full";
   const auto one = finetune_memory(mc, cfg, torch::kFloat32, 2, 1);
