@@ -411,7 +411,7 @@ FinetuneProbe measure_finetune_peak(
   }
   FinetuneProbe r;
   r.measured = double(peak > base ? peak - base : 0);
-  r.predicted = finetune_memory(mc, cfg, dtype, batch);
+  r.predicted = finetune_memory(mc, cfg, dtype, batch, dev.type());
   return r;
 }
 

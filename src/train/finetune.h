@@ -125,14 +125,17 @@ struct FinetuneMemory {
         workspace;
   }
 };
-// With `processes` ranks (dist::size() by default) each plans its own:
-// the gradient averager's buckets beside the gradients, and with
-// zero_stage=1 its share of the optimizer state.
+// On `device`: where its attention keeps the scores for the backward
+// (attention_keeps_no_scores), they count. With `processes` ranks
+// (dist::size() by default) each plans its own: the gradient averager's
+// buckets beside the gradients, and with zero_stage=1 its share of the
+// optimizer state.
 FinetuneMemory finetune_memory(
     const models::HfModelConfig& model,
     const FinetuneConfig& cfg,
     torch::ScalarType base_dtype,
     int64_t micro_batch,
+    c10::DeviceType device,
     int processes = 0);
 
 // Micro-batches 1, 2, 4, 8, 16 with their estimates against the budget; the

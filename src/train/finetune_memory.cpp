@@ -52,6 +52,7 @@ FinetuneMemory finetune_memory(
     const FinetuneConfig& cfg,
     torch::ScalarType base_dtype,
     int64_t B,
+    c10::DeviceType device,
     int processes) {
   FinetuneMemory r;
   const bool lora = cfg.stage == "lora";
@@ -114,10 +115,20 @@ FinetuneMemory finetune_memory(
   const double layer = (2 * C * 4) + (4 * C + 4 * kv) * act_b + 5 * I * act_b +
       (lora && cfg.lora_dropout > 0 ? (6 * C + I) * (act_b + 1) : 0.0);
   const double backward = 2 * I * act_b;
+  // Where the attention keeps its scores for the backward (Debian's 1.13
+  // on the CPU: explicit attention; MPS: PyTorch's math SDPA), two float32
+  // values a score and layer. With them `orchard plan --probe` on the CPU
+  // (1.13; the fixture Llama and Qwen2, 16 x 256 tokens, with and without
+  // checkpointing) is within -8.4 to +14.3 %, against -25.5 to -30.6 %
+  // without (bench/RESULTS.md, 2026-12-01). Fused attention (CUDA) keeps
+  // none.
+  const double scores = attention_keeps_no_scores(device)
+      ? 0.0
+      : 8.0 * double(m.num_attention_heads) * T;
   const double tokens = double(B) * T;
   r.activations = cfg.gradient_checkpointing
-      ? tokens * (L * C * act_b + layer + backward) // inputs + one layer
-      : tokens * (L * layer + backward);
+      ? tokens * (L * C * act_b + layer + scores + backward) // + one layer
+      : tokens * (L * (layer + scores) + backward);
   // The loss: chunks of 2^24 logits in float32 (logits, softmax, gradient)
   // plus the final hidden states in float32.
   const double rows =
@@ -130,7 +141,8 @@ FinetuneMemory finetune_memory(
     // and frees the chunks before the backward starts: it counts only where
     // it needs more than the backward does (a large vocabulary, few tokens).
     const double before_backward =
-        tokens * L * (cfg.gradient_checkpointing ? C * act_b : layer) + loss;
+        tokens * L * (cfg.gradient_checkpointing ? C * act_b : layer + scores) +
+        loss;
     r.logits = std::max(0.0, before_backward - r.activations);
   }
   // Full fine-tuning: the optimizer step's temporaries and allocator
@@ -156,14 +168,16 @@ FinetunePlan plan_finetune(
   p.budget = budget.bytes;
   p.budget_why = budget.why;
   for (int64_t b : {1, 2, 4, 8, 16}) {
-    FinetunePlan::Row r{b, finetune_memory(mc, cfg, dtype, b), false};
+    FinetunePlan::Row r{
+        b, finetune_memory(mc, cfg, dtype, b, device.device.type()), false};
     r.fits = r.memory.total() <= double(budget.bytes);
     p.rows.push_back(r);
   }
   const int64_t rows = finetune_rows_per_step(cfg); // checks divisibility
   if (cfg.device_batch_size) {
     const int64_t b = *cfg.device_batch_size;
-    p.choice = {b, finetune_memory(mc, cfg, dtype, b), false};
+    p.choice = {
+        b, finetune_memory(mc, cfg, dtype, b, device.device.type()), false};
     p.choice.fits = p.choice.memory.total() <= double(budget.bytes);
     p.why = "device_batch_size=" + std::to_string(b) + " as set; " +
         (p.choice.fits ? "it fits" : "it does not fit");

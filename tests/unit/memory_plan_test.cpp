@@ -168,15 +168,18 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
       models::read_hf_config(std::string(ORCHARD_FIXTURES) + "/hf/llama");
   FinetuneConfig cfg;
   cfg.stage = "full";
-  const auto one = finetune_memory(mc, cfg, torch::kFloat32, 2, 1);
+  const auto one =
+      finetune_memory(mc, cfg, torch::kFloat32, 2, c10::DeviceType::CUDA, 1);
   EXPECT_EQ(one.optimizer, 2 * one.weights); // two float32 moments a weight
   // The buckets, and the copy engines' scratch: the other rank's half of
   // the one bucket the fixture's gradients fill.
-  const auto two = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
+  const auto two =
+      finetune_memory(mc, cfg, torch::kFloat32, 2, c10::DeviceType::CUDA, 2);
   EXPECT_EQ(two.gradients, 2.5 * one.gradients);
   cfg.grad_average = "nccl";
   EXPECT_EQ(
-      finetune_memory(mc, cfg, torch::kFloat32, 2, 2).gradients,
+      finetune_memory(mc, cfg, torch::kFloat32, 2, c10::DeviceType::CUDA, 2)
+          .gradients,
       2 * one.gradients);
   cfg.grad_average = "auto";
   // What rules the copy engines out, and their scratch with more processes:
@@ -190,15 +193,46 @@ TEST(MemoryPlan, FineTuningPlansEachProcessWithItsShareOfTheState) {
   EXPECT_EQ(copy_engine_scratch(40.0, 100.0, 1), 0.0);
   EXPECT_EQ(two.optimizer, one.optimizer);
   cfg.zero_stage = 1;
-  const auto sharded = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
+  const auto sharded =
+      finetune_memory(mc, cfg, torch::kFloat32, 2, c10::DeviceType::CUDA, 2);
   EXPECT_EQ(sharded.optimizer, one.optimizer / 2);
   // Sharded, the copy engines reduce-scatter: the same scratch.
   EXPECT_EQ(sharded.gradients, 2.5 * one.gradients);
   EXPECT_EQ(sharded.activations, one.activations);
   // Float32 gradients sent in bfloat16: the buckets again at half size.
   cfg.grad_reduce_dtype = "bfloat16";
-  const auto low = finetune_memory(mc, cfg, torch::kFloat32, 2, 2);
+  const auto low =
+      finetune_memory(mc, cfg, torch::kFloat32, 2, c10::DeviceType::CUDA, 2);
   EXPECT_EQ(low.gradients, 2.5 * one.gradients);
+}
+
+// LoRA of the fixture Llama: on MPS and the CPU each layer keeps two
+// float32 values a score for the backward (H x T keys a token), one layer's
+// under checkpointing; on CUDA (fused attention, libtorch 2.x) none.
+TEST(MemoryPlan, FineTuningCountsTheScoresWhereTheAttentionKeepsThem) {
+  const auto mc =
+      models::read_hf_config(std::string(ORCHARD_FIXTURES) + "/hf/llama");
+  FinetuneConfig cfg;
+  cfg.stage = "lora";
+  cfg.max_seq_len = 256;
+  const double per_layer =
+      16 * 256 * 8.0 * double(mc.num_attention_heads) * 256; // 16 rows
+  for (bool ckpt : {false, true}) {
+    cfg.gradient_checkpointing = ckpt;
+    const auto at = [&](c10::DeviceType device) {
+      return finetune_memory(mc, cfg, torch::kFloat32, 16, device, 1)
+          .activations;
+    };
+    const double layers = ckpt ? 1.0 : double(mc.num_hidden_layers);
+    EXPECT_DOUBLE_EQ(at(c10::DeviceType::MPS), at(c10::DeviceType::CPU));
+    const double cuda = at(c10::DeviceType::CUDA);
+    if (attention_keeps_no_scores(c10::DeviceType::CUDA))
+      EXPECT_DOUBLE_EQ(at(c10::DeviceType::MPS) - cuda, layers * per_layer)
+          << "checkpointing " << ckpt;
+    else // libtorch 1.13: CUDA's attention is explicit too
+      EXPECT_DOUBLE_EQ(at(c10::DeviceType::MPS), cuda);
+    EXPECT_GT(at(c10::DeviceType::MPS), layers * per_layer);
+  }
 }
 
 } // namespace

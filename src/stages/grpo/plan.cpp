@@ -27,20 +27,20 @@ GrpoMemory grpo_memory(
     const models::HfModelConfig& mc,
     const GrpoConfig& cfg,
     torch::ScalarType dtype,
-    int64_t micro) {
+    int64_t micro,
+    c10::DeviceType device) {
   train::FinetuneConfig ft = as_finetune(cfg);
   ft.max_seq_len = cfg.max_prompt_length + cfg.max_completion_length;
   GrpoMemory m;
-  m.finetune = train::finetune_memory(mc, ft, dtype, micro);
+  m.finetune = train::finetune_memory(mc, ft, dtype, micro, device);
   const double kv_bytes = finetune_kind(cfg) == "full"
       ? double(torch::elementSize(train::full_weights_dtype(ft)))
       : double(torch::elementSize(dtype));
   const int64_t head_dim =
       mc.head_dim > 0 ? mc.head_dim : mc.hidden_size / mc.num_attention_heads;
-  m.kv_cache = 2.0 * double(mc.num_hidden_layers * mc.num_key_value_heads *
-                            head_dim) *
-      kv_bytes * double(grpo_generation_batch(cfg)) *
-      double(ft.max_seq_len);
+  m.kv_cache = 2.0 *
+      double(mc.num_hidden_layers * mc.num_key_value_heads * head_dim) *
+      kv_bytes * double(grpo_generation_batch(cfg)) * double(ft.max_seq_len);
   // The completion positions' logits, a chunk of about 4M at a time
   // (models/hf/model.h's token_logprobs): the logits, their softmax and
   // gradient in float32.
@@ -66,12 +66,13 @@ GrpoPlanRows plan_rows(
   const auto dtype = grpo_dtype(cfg, device);
   GrpoPlanRows p;
   p.budget = train::memory_budget(device, cfg.memory_fraction);
-  const int64_t g = std::gcd(
-      grpo_rows_per_step(cfg), grpo_generation_batch(cfg));
+  const int64_t g =
+      std::gcd(grpo_rows_per_step(cfg), grpo_generation_batch(cfg));
   for (int64_t b = 1; b <= std::min<int64_t>(g, 16); ++b) {
     if (g % b != 0)
       continue;
-    GrpoPlanRows::Row r{b, grpo_memory(mc, cfg, dtype, b), false};
+    GrpoPlanRows::Row r{
+        b, grpo_memory(mc, cfg, dtype, b, device.device.type()), false};
     r.fits = r.memory.total() <= double(p.budget.bytes);
     p.rows.push_back(r);
   }
@@ -80,15 +81,17 @@ GrpoPlanRows plan_rows(
     if (cfg.device_batch_size ? r.batch == *cfg.device_batch_size : r.fits)
       p.choice = r;
   if (cfg.device_batch_size && p.choice.batch != *cfg.device_batch_size)
-    p.choice = {*cfg.device_batch_size,
-                grpo_memory(mc, cfg, dtype, *cfg.device_batch_size),
-                false};
+    p.choice = {
+        *cfg.device_batch_size,
+        grpo_memory(
+            mc, cfg, dtype, *cfg.device_batch_size, device.device.type()),
+        false};
   return p;
 }
 
 std::string plan_table(const GrpoPlanRows& p) {
-  std::string s = "Budget: " + train::format_mb(double(p.budget.bytes)) +
-      " (" + p.budget.why + ")\n\n";
+  std::string s = "Budget: " + train::format_mb(double(p.budget.bytes)) + " (" +
+      p.budget.why + ")\n\n";
   char line[256];
   std::snprintf(
       line,
