@@ -667,7 +667,7 @@ TEST(Serve, UnderAbuseKeepsAnsweringAndFreesEverySlot) {
   };
   // One oversized request for every client. Each client building its own
   // left 1 MiB blocks in the 64 threads' malloc arenas that malloc_trim
-  // does not give back: 30-58 MB more resident memory a round on a 16-core
+  // does not give back: 27-58 MB more resident memory a round on a 16-core
   // machine (8 arenas a core), none with MALLOC_ARENA_MAX=2, none with
   // this; the test's own memory, not the server's, which this measures.
   const std::string oversized =
@@ -805,7 +805,7 @@ TEST(Serve, UnderAbuseKeepsAnsweringAndFreesEverySlot) {
       third / 1e6);
   // A leak per request would show in both rounds: about 200 of a round's
   // 256 requests reach the handler, so 20 KB a request is 4 MB a round
-  // (without one, under 1 MB here and on a 16-core machine).
+  // (without one, at most 1 MB here and on a 16-core machine).
   EXPECT_LT(std::min(after - before, third - after), 4e6);
 }
 
