@@ -21,6 +21,11 @@ void atomic_write(
     const std::function<void(int)>& write);
 void atomic_write(const std::string& path, const std::string& content);
 
+// Removes what atomic_write(path, ...) killed part way left: `path`.tmp.<pid>
+// files whose process no longer runs on this machine (a running one may
+// still be writing). Returns how many were removed.
+int remove_stale_temporaries(const std::string& path);
+
 // write(2) until all `size` bytes are out; throws UserError naming `path`.
 void write_all(int fd, const void* data, size_t size, const std::string& path);
 

@@ -71,6 +71,9 @@ void ensure_tokenizer(
     const std::vector<std::string>& inputs,
     const std::string& dir,
     const std::function<void(const std::string&)>& say) {
+  // A run killed while it saved the tokenizer left its temporary file.
+  if (fs::is_directory(dir))
+    remove_stale_temporaries(dir + "/tokenizer.json");
   if (fs::exists(fs::path(dir) / "tokenizer.json")) {
     try {
       text::load_tokenizer(dir);

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace orchard {
 namespace {
@@ -34,6 +36,40 @@ TEST(Files, FailedWriteKeepsTheOldFile) {
   EXPECT_EQ(test::read_text(path), "old");
   EXPECT_THROW(
       atomic_write(dir.file("no/such/dir/x"), std::string("x")), UserError);
+}
+
+// What a killed atomic_write left (<path>.tmp.<pid> of a process that has
+// ended) is removed; a running process's, another file's and names that
+// are not a pid are kept.
+TEST(Files, StaleTemporariesOfEndedProcessesAreRemoved) {
+  TempDir dir;
+  const pid_t child = ::fork();
+  if (child == 0)
+    ::_exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const std::string ended = std::to_string(child);
+  const std::string running = std::to_string(::getpid());
+  for (const std::string& name : std::vector<std::string>{
+           "t.json.tmp." + ended,
+           "t.json.tmp." + running,
+           "t.json.tmp.x1",
+           "t.json.tmp.",
+           "u.json.tmp." + ended,
+           "t.json"})
+    dir.write(name, "x");
+  EXPECT_EQ(remove_stale_temporaries(dir.file("t.json")), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("t.json.tmp." + ended)));
+  for (const std::string& name : std::vector<std::string>{
+           "t.json.tmp." + running,
+           "t.json.tmp.x1",
+           "t.json.tmp.",
+           "u.json.tmp." + ended,
+           "t.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir.file(name))) << name;
+  EXPECT_EQ(remove_stale_temporaries(dir.file("t.json")), 0);
+  EXPECT_EQ(remove_stale_temporaries(dir.file("none/t.json")), 0);
 }
 
 TEST(Files, RemoveTreeRemovesNestedFoldersButNotLinkTargets) {
