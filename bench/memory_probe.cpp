@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   s.compute = prec == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   s.muon = std::string(argv[10]) == "muon";
   s.device = dev.type();
-  s.fused_attention = orchard::train::attention_keeps_no_scores(s.device);
+  s.no_attention_scores = orchard::train::attention_keeps_no_scores(s.device);
   auto r = orchard::train::measure_step_peak(c, s, B, accum, dev);
   const auto& e = r.estimate;
   std::printf(

@@ -127,7 +127,7 @@ MemoryEstimate estimate_memory(
   const double tokens = double(batch) * double(s.seq_len);
   const double C = double(m.n_embd), L = double(m.n_layer);
   const double attn =
-      s.fused_attention ? 0.0 : k.h * double(m.n_head) * double(s.seq_len);
+      s.no_attention_scores ? 0.0 : k.h * double(m.n_head) * double(s.seq_len);
   const double per_block = tokens * (k.a * C + attn);
   MemoryEstimate e;
   e.weights = 4 * P;

@@ -83,7 +83,7 @@ struct PlanSettings {
   c10::DeviceType device = c10::DeviceType::CPU;
   // The attention keeps no scores for the backward (no per-key term):
   // attention_keeps_no_scores(device).
-  bool fused_attention = false;
+  bool no_attention_scores = false;
   int processes = 1;            // data-parallel ranks (dist::size())
   bool shard_optimizer = false; // zero_stage=1: 1/processes of the state
   // grad_reduce_dtype=bfloat16 on CUDA: the buckets again in bfloat16.

@@ -177,7 +177,7 @@ PlanSettings plan_settings(
   s.muon = cfg.optimizer == "muon";
   s.gradient_checkpointing = cfg.gradient_checkpointing == "true";
   s.device = device.device.type();
-  s.fused_attention = attention_keeps_no_scores(s.device);
+  s.no_attention_scores = attention_keeps_no_scores(s.device);
   s.processes = dist::size();
   s.shard_optimizer = cfg.zero_stage >= 1;
   s.reduce_in_bfloat16 =

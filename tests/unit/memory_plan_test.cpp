@@ -107,7 +107,7 @@ TEST(MemoryPlan, MpsAndCpuPlansCountTheAttentionScores) {
        {c10::DeviceType::CPU, c10::DeviceType::MPS, c10::DeviceType::CUDA}) {
     PlanSettings s;
     s.device = device;
-    s.fused_attention = attention_keeps_no_scores(device);
+    s.no_attention_scores = attention_keeps_no_scores(device);
     s.seq_len = 1024;
     const double short_rows = estimate_memory(pm, s, 2, 1).activations;
     s.seq_len = 2048;
@@ -124,7 +124,7 @@ TEST(MemoryPlan, CheckpointingCutsActivationsAndIsChosenWhenNeeded) {
   PlanSettings s;
   s.seq_len = 1024;
   s.device = c10::DeviceType::CUDA;
-  s.fused_attention = true;
+  s.no_attention_scores = true;
   s.compute = c10::ScalarType::BFloat16;
   auto plain = estimate_memory(pm, s, 8, 2);
   s.gradient_checkpointing = true;
