@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "core/files.h"
 #include "test_paths.h"
 
@@ -147,6 +148,21 @@ inline std::string sums_jsonl() {
         std::to_string(i % 5) + "?\", \"answer\": \"" +
         std::to_string(i % 7 + i % 5) + "\"}\n";
   return jsonl;
+}
+
+// What `f` refused with: its UserError's message and exit code, or an
+// empty message and -1 where it returned.
+struct Refusal {
+  std::string what;
+  int exit_code = -1;
+};
+inline Refusal refusal_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return {e.what(), e.exit_code()};
+  }
+  return {};
 }
 
 struct CliResult {

@@ -1473,13 +1473,21 @@ bool from_a_rank(const std::string& err, const std::string& text) {
 TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   REQUIRE_GLOO();
   Corpus c;
+  // One rank of two started by hand with torchrun's variables (no
+  // MASTER_ADDR where `addr` is empty).
+  auto by_hand =
+      [&](const std::string& rank, const std::string& addr, int port) {
+        std::map<std::string, std::string> env = {
+            {"ORCHARD_HOME", c.dir.file("home")},
+            {"WORLD_SIZE", "2"},
+            {"RANK", rank},
+            {"MASTER_PORT", std::to_string(port)}};
+        if (!addr.empty())
+          env["MASTER_ADDR"] = addr;
+        return test::run_orchard(c.train("x", 1), env);
+      };
   // torchrun's variables half set.
-  auto r = test::run_orchard(
-      c.train("x", 1),
-      {{"ORCHARD_HOME", c.dir.file("home")},
-       {"WORLD_SIZE", "2"},
-       {"RANK", "0"},
-       {"MASTER_PORT", "29555"}});
+  auto r = by_hand("0", "", 29555);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("MASTER_ADDR is not set"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("orchard launch"), std::string::npos) << r.err;
@@ -1489,13 +1497,7 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   // for the rendezvous's 300 s with a warning a second.
   const std::string cannot =
       " nosuchhost.invalid: this machine cannot resolve that host name (";
-  r = test::run_orchard(
-      c.train("x", 1),
-      {{"ORCHARD_HOME", c.dir.file("home")},
-       {"WORLD_SIZE", "2"},
-       {"RANK", "1"},
-       {"MASTER_ADDR", "nosuchhost.invalid"},
-       {"MASTER_PORT", "29555"}});
+  r = by_hand("1", "nosuchhost.invalid", 29555);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   expect_said(r.err, {"error: MASTER_ADDR" + cannot, "`getent hosts"});
   auto unknown_host = c.launch(free_port(), c.train("x", 1));
@@ -1623,13 +1625,7 @@ TEST(Distributed, BadLaunchesSayWhatIsWrong) {
   EXPECT_EQ(r.err.find("[rank 0]"), std::string::npos) << r.err;
   // Started by hand (or by torchrun without its agent's store), rank 0
   // serves the rendezvous itself, and says the same.
-  r = test::run_orchard(
-      c.train("x", 1),
-      {{"ORCHARD_HOME", c.dir.file("home")},
-       {"WORLD_SIZE", "2"},
-       {"RANK", "0"},
-       {"MASTER_ADDR", "127.0.0.1"},
-       {"MASTER_PORT", std::to_string(taken)}});
+  r = by_hand("0", "127.0.0.1", taken);
   ::close(fd);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(

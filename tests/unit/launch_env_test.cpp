@@ -240,19 +240,16 @@ TEST(LaunchEnv, AnUnresolvableRendezvousHostIsRefused) {
   EXPECT_NO_THROW(dist::check_host_resolves("127.0.0.1", "MASTER_ADDR"));
   EXPECT_NO_THROW(dist::check_host_resolves("::1", "MASTER_ADDR"));
   EXPECT_NO_THROW(dist::check_host_resolves("localhost", "MASTER_ADDR"));
-  try {
-    dist::check_host_resolves("h0.invalid", "--master-addr", 2);
-    ADD_FAILURE() << "h0.invalid resolved";
-  } catch (const UserError& e) {
-    EXPECT_EQ(e.exit_code(), 2);
-    EXPECT_EQ(
-        std::string(e.what()).rfind(
-            "--master-addr h0.invalid: this machine cannot resolve that host "
-            "name (",
-            0),
-        0u)
-        << e.what();
-  }
+  const auto r = test::refusal_of(
+      [] { dist::check_host_resolves("h0.invalid", "--master-addr", 2); });
+  EXPECT_EQ(r.exit_code, 2) << "h0.invalid resolved";
+  EXPECT_EQ(
+      r.what.rfind(
+          "--master-addr h0.invalid: this machine cannot resolve that host "
+          "name (",
+          0),
+      0u)
+      << r.what;
 }
 
 } // namespace

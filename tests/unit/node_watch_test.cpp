@@ -5,6 +5,7 @@
 // and the signal several ranks agree to stop for (train/trainer.h).
 #include "dist/node_watch.h"
 #include "core/error.h"
+#include "test_util.h"
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -220,20 +221,17 @@ TEST(NodeWatch, NodesLaunchedUnlikeOrTwiceAreRefused) {
     GTEST_SKIP() << "this build has no c10d";
   LaunchSettings one = two;
   one[1].second = "1";
-  try {
-    NodeWatch::start("127.0.0.1", port, 1, 2, one);
-    ADD_FAILURE() << "node 1 with another --nproc-per-node";
-  } catch (const UserError& e) {
-    EXPECT_EQ(e.exit_code(), 2);
-    EXPECT_NE(
-        std::string(e.what()).find(
-            "node 1's orchard launch was started with other settings than "
-            "node 0's: --nproc-per-node is 2 on node 0 but 1 on node 1. "
-            "Start every node's `orchard launch` with the same --nnodes, "
-            "--nproc-per-node and --max-restarts"),
-        std::string::npos)
-        << e.what();
-  }
+  const auto unlike =
+      test::refusal_of([&] { NodeWatch::start("127.0.0.1", port, 1, 2, one); });
+  EXPECT_EQ(unlike.exit_code, 2) << "node 1 with another --nproc-per-node";
+  EXPECT_NE(
+      unlike.what.find(
+          "node 1's orchard launch was started with other settings than "
+          "node 0's: --nproc-per-node is 2 on node 0 but 1 on node 1. "
+          "Start every node's `orchard launch` with the same --nnodes, "
+          "--nproc-per-node and --max-restarts"),
+      std::string::npos)
+      << unlike.what;
   const NodeNews news = node0->look();
   EXPECT_NE(
       news.failure.find("--nproc-per-node is 2 on node 0 but 1 on node 1"),
@@ -248,19 +246,16 @@ TEST(NodeWatch, NodesLaunchedUnlikeOrTwiceAreRefused) {
   const int port2 = free_port();
   auto other0 = NodeWatch::start("127.0.0.1", port2, 0, 2, two);
   auto other1 = NodeWatch::start("127.0.0.1", port2, 1, 2, two);
-  try {
-    NodeWatch::start("127.0.0.1", port2, 1, 2, two);
-    ADD_FAILURE() << "a second node 1";
-  } catch (const UserError& e) {
-    EXPECT_EQ(e.exit_code(), 2);
-    EXPECT_NE(
-        std::string(e.what()).find(
-            "orchard launch --node-rank 1: node 1 has already joined the "
-            "rendezvous at 127.0.0.1:" +
-            std::to_string(port2) + ". Give each node its own --node-rank"),
-        std::string::npos)
-        << e.what();
-  }
+  const auto twice = test::refusal_of(
+      [&] { NodeWatch::start("127.0.0.1", port2, 1, 2, two); });
+  EXPECT_EQ(twice.exit_code, 2) << "a second node 1";
+  EXPECT_NE(
+      twice.what.find(
+          "orchard launch --node-rank 1: node 1 has already joined the "
+          "rendezvous at 127.0.0.1:" +
+          std::to_string(port2) + ". Give each node its own --node-rank"),
+      std::string::npos)
+      << twice.what;
   EXPECT_TRUE(other0->look().failure.empty()) << "the run goes on";
   EXPECT_TRUE(other0->look().lost.empty());
 }
